@@ -1,0 +1,37 @@
+"""dynres core: the policy API, hook specs, schedule context, config models and metric formulas."""
+
+from dynres.core.config import AsyncTrainingConfig, DynresConfig, load_config
+from dynres.core.context import ScheduleContext
+from dynres.core.errors import DynresError
+from dynres.core.hookspecs import hookimpl, hookspec
+from dynres.core.loading import (
+    POLICIES_GROUP,
+    clear_policy_cache,
+    installed_policies,
+    load_policy,
+    resolve_policy_class,
+)
+from dynres.core.plugins import PLUGINS_GROUP, BoundPolicy, get_plugin_manager
+from dynres.core.policy import POLICY_METHODS, Policy
+
+__all__ = [
+    "POLICIES_GROUP",
+    "PLUGINS_GROUP",
+    "POLICY_METHODS",
+    "AsyncTrainingConfig",
+    "BoundPolicy",
+    "DynresConfig",
+    "DynresError",
+    "Policy",
+    "ScheduleContext",
+    "clear_policy_cache",
+    "get_plugin_manager",
+    "hookimpl",
+    "hookspec",
+    "installed_policies",
+    "load_config",
+    "load_policy",
+    "resolve_policy_class",
+]
+
+__version__ = "0.1.0"

@@ -1,0 +1,269 @@
+"""Configuration models: verl-compatible keys, validated with pydantic v2 and ``extra="forbid"``.
+
+The layout follows verl's training config so that its keys can be copied unchanged::
+
+    async_training:            # AsyncTrainingConfig
+      use_dynamic_resource_scheduling: true
+      dynamic_schedule_policy: default
+      ...
+    actor_rollout_ref:
+      actor: {ppo_mini_batch_size: 32}
+      rollout: {gpu_memory_utilization: 0.45, standalone_gpu_memory_utilization: 0.7, n: 16}
+    rollout: {nnodes: 2, n_gpus_per_node: 8}      # standalone rollout nodes
+    trainer: {nnodes: 2, n_gpus_per_node: 8}      # trainer nodes (hybrid replicas live here)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from dynres.core.errors import ConfigError, did_you_mean
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class StrictModel(BaseModel):
+    """Base of every config model: unknown keys are errors, values are validated on assignment."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class AsyncTrainingConfig(StrictModel):
+    """The ``async_training`` section: verl's fully-async and dynamic-scheduling keys."""
+
+    use_dynamic_resource_scheduling: bool = Field(
+        False, description="Master switch: run hybrid replicas on the trainer's GPUs."
+    )
+    dynamic_schedule_policy: str = Field(
+        "default", min_length=1, description="Policy name (entry point) or 'module:Class' path."
+    )
+    dynamic_schedule_deactivate_ratio: float = Field(
+        0.3,
+        ge=0.0,
+        le=1.0,
+        description="Starting deactivate_ratio of the built-in policies (fraction of a cycle's samples).",
+    )
+    dynamic_schedule_enable_rebalance: bool = Field(
+        True, description="Allow a rebalance after activation when the policy asks for one."
+    )
+    dynamic_schedule_policy_params: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Extra params for the policy's Params model (dynres addition; validated on load).",
+    )
+    staleness_threshold: float = Field(
+        0.1,
+        ge=0.0,
+        description="Extra production allowed per cycle as a fraction of a cycle's samples.",
+    )
+    trigger_parameter_sync_step: int = Field(
+        4, ge=1, description="Collections (fit steps) per weight sync."
+    )
+    require_batches: int = Field(1, ge=1, description="PPO mini-batches per collection.")
+    partial_rollout: bool = Field(
+        True, description="Resume aborted generations from their partial output instead of restarting."
+    )
+    concurrent_samples_per_replica: int = Field(
+        16, ge=1, description="Samples one replica generates at once (count, dynres default)."
+    )
+
+
+class ActorConfig(StrictModel):
+    """The ``actor_rollout_ref.actor`` keys dynres reads."""
+
+    ppo_mini_batch_size: int = Field(32, ge=1, description="Samples (prompt groups) per mini-batch.")
+
+
+class RolloutEngineConfig(StrictModel):
+    """The ``actor_rollout_ref.rollout`` keys dynres reads."""
+
+    gpu_memory_utilization: float = Field(
+        0.5, gt=0.0, le=1.0, description="GPU memory fraction of a hybrid replica (shares the trainer's GPU)."
+    )
+    standalone_gpu_memory_utilization: float | None = Field(
+        None,
+        gt=0.0,
+        le=1.0,
+        description="GPU memory fraction of a standalone replica; null falls back to gpu_memory_utilization.",
+    )
+    tensor_model_parallel_size: int = Field(1, ge=1, description="GPUs per inference replica.")
+    n: int = Field(1, ge=1, description="Responses generated per prompt (one sample = n responses).")
+
+    @property
+    def effective_standalone_gpu_memory_utilization(self) -> float:
+        """Memory fraction standalone replicas actually use (the fallback applied)."""
+        if self.standalone_gpu_memory_utilization is None:
+            return self.gpu_memory_utilization
+        return self.standalone_gpu_memory_utilization
+
+
+class ActorRolloutRefConfig(StrictModel):
+    """The ``actor_rollout_ref`` section."""
+
+    actor: ActorConfig = Field(default_factory=ActorConfig, description="Trainer-side actor keys.")
+    rollout: RolloutEngineConfig = Field(
+        default_factory=RolloutEngineConfig, description="Inference engine keys."
+    )
+
+
+class NodesConfig(StrictModel):
+    """A pool of nodes: ``rollout`` (standalone replicas) or ``trainer`` (training + hybrid replicas)."""
+
+    nnodes: int = Field(1, ge=0, description="Nodes in the pool (count; rollout.nnodes 0 = only hybrid).")
+    n_gpus_per_node: int = Field(8, ge=1, description="GPUs per node (count).")
+
+    @property
+    def n_gpus(self) -> int:
+        """GPUs in the pool (count)."""
+        return self.nnodes * self.n_gpus_per_node
+
+
+class DynresConfig(StrictModel):
+    """A whole dynres configuration: async training, engine and the two node pools."""
+
+    async_training: AsyncTrainingConfig = Field(
+        default_factory=AsyncTrainingConfig, description="verl's async_training section."
+    )
+    actor_rollout_ref: ActorRolloutRefConfig = Field(
+        default_factory=ActorRolloutRefConfig, description="verl's actor_rollout_ref section."
+    )
+    rollout: NodesConfig = Field(
+        default_factory=NodesConfig, description="Standalone rollout nodes (verl's rollout section)."
+    )
+    trainer: NodesConfig = Field(
+        default_factory=NodesConfig, description="Trainer nodes; hybrid replicas share their GPUs."
+    )
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> DynresConfig:
+        tp = self.actor_rollout_ref.rollout.tensor_model_parallel_size
+        if self.trainer.nnodes < 1:
+            raise ValueError("trainer.nnodes must be >= 1: training needs GPUs")
+        if self.only_hybrid and not self.async_training.use_dynamic_resource_scheduling:
+            raise ValueError(
+                "rollout.nnodes is 0 (only hybrid replicas) but "
+                "async_training.use_dynamic_resource_scheduling is false, so nothing would "
+                "generate; set it to true or give rollout.nnodes >= 1"
+            )
+        if self.rollout.n_gpus and self.rollout.n_gpus % tp:
+            raise ValueError(
+                f"rollout has {self.rollout.n_gpus} GPUs, not a multiple of "
+                f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp}"
+            )
+        if self.async_training.use_dynamic_resource_scheduling and self.trainer.n_gpus % tp:
+            raise ValueError(
+                f"trainer has {self.trainer.n_gpus} GPUs, not a multiple of "
+                f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp} (hybrid replicas "
+                "are cut from the trainer's GPUs)"
+            )
+        return self
+
+    @property
+    def only_hybrid(self) -> bool:
+        """True when there are no standalone rollout nodes (rollout.nnodes == 0)."""
+        return self.rollout.nnodes == 0
+
+    @property
+    def required_samples(self) -> int:
+        """Samples per collection: ppo_mini_batch_size x require_batches (count)."""
+        return self.actor_rollout_ref.actor.ppo_mini_batch_size * self.async_training.require_batches
+
+    @property
+    def num_standalone_replicas(self) -> int:
+        """Standalone replicas: rollout GPUs / GPUs per replica (count)."""
+        return self.rollout.n_gpus // self.actor_rollout_ref.rollout.tensor_model_parallel_size
+
+    @property
+    def num_hybrid_replicas(self) -> int:
+        """Hybrid replicas on the trainer's GPUs, 0 when dynamic scheduling is off (count)."""
+        if not self.async_training.use_dynamic_resource_scheduling:
+            return 0
+        return self.trainer.n_gpus // self.actor_rollout_ref.rollout.tensor_model_parallel_size
+
+
+def format_validation_error(exc: ValidationError, model: type[BaseModel], source: str = "") -> str:
+    """Turn a pydantic error into one line naming each bad key, with a did-you-mean for typos."""
+    where = f"{source}: " if source else ""
+    parts = []
+    for err in exc.errors():
+        loc = [str(p) for p in err["loc"]]
+        key = ".".join(loc) or "(root)"
+        if err["type"] == "extra_forbidden":
+            siblings = _field_names_at(model, loc[:-1])
+            hint = did_you_mean(loc[-1], siblings)
+            valid = f"; valid keys here: {', '.join(siblings)}" if siblings and not hint else ""
+            parts.append(f"unknown key {key!r}{hint}{valid}")
+        elif err["type"] == "missing":
+            parts.append(f"missing key {key!r}")
+        elif not loc:
+            parts.append(err["msg"].removeprefix("Value error, "))
+        else:
+            parts.append(f"{key}: {err['msg']} (got {err.get('input')!r})")
+    return where + "; ".join(parts)
+
+
+def _field_names_at(model: type[BaseModel], path: list[str]) -> list[str]:
+    current: Any = model
+    for part in path:
+        fields = getattr(current, "model_fields", None)
+        if not fields or part not in fields:
+            return []
+        current = fields[part].annotation
+    fields = getattr(current, "model_fields", None)
+    return list(fields) if fields else []
+
+
+def validate_model(model: type[M], data: Any, source: str = "") -> M:
+    """Validate ``data`` against ``model``; raise ConfigError with one line naming every bad key."""
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        raise ConfigError(
+            f"{source or 'config'}: expected a mapping of keys at the top level, got "
+            f"{type(data).__name__}"
+        )
+    try:
+        return model.model_validate(dict(data))
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, model, source)) from None
+
+
+def read_yaml(path: str | Path) -> Any:
+    """Read a YAML file; raise ConfigError naming the file when it is missing or malformed."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{p}: file not found; check the path") from None
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read ({exc.strerror})") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"{p}: invalid YAML{at}: {problem}") from None
+
+
+def load_config(source: str | Path | Mapping[str, Any]) -> DynresConfig:
+    """Load a DynresConfig from a YAML path or a mapping; raise ConfigError on any bad key."""
+    if isinstance(source, Mapping):
+        return validate_model(DynresConfig, source, "config")
+    return validate_model(DynresConfig, read_yaml(source), str(source))
+
+
+def policy_params_from_config(cfg: AsyncTrainingConfig, params_model: type[BaseModel]) -> dict[str, Any]:
+    """Params for a policy from config: ``dynamic_schedule_policy_params`` plus the starting ratio.
+
+    ``dynamic_schedule_deactivate_ratio`` fills a ``deactivate_ratio`` field when the policy
+    has one and the params do not set it explicitly.
+    """
+    params = dict(cfg.dynamic_schedule_policy_params)
+    if "deactivate_ratio" in params_model.model_fields and "deactivate_ratio" not in params:
+        params["deactivate_ratio"] = cfg.dynamic_schedule_deactivate_ratio
+    return params

@@ -1,0 +1,166 @@
+"""Hook specifications of dynres: the plugin author's reference.
+
+Two kinds of hooks live here.
+
+**Decision hooks** (``firstresult``). Each mirrors one method of :class:`dynres.core.Policy` and is
+called by the controller once per sync cycle, in this order:
+
+1. ``dynres_should_deactivate`` - before training;
+2. ``dynres_deactivate_wait_samples`` - only if (1) said yes;
+3. ``dynres_should_activate_after_step`` - after the weight sync;
+4. ``dynres_should_rebalance`` - only after an activation, and only when
+   ``dynamic_schedule_enable_rebalance`` is on;
+5. ``dynres_update_after_step`` - after the weight sync.
+
+The active policy is registered as the ``trylast`` implementation of each decision hook, so a
+plugin can override a decision by returning a non-``None`` value, or wrap it with
+``@hookimpl(wrapper=True)`` to observe or change the policy's answer. A policy author who subclasses
+``Policy`` writes plain methods and never touches these hooks.
+
+**Observer hooks** (all implementations are called, results ignored): a decision was made, the
+controller changed state, metrics were emitted. Use them for exporters and logging.
+
+Plugins are discovered through the ``dynres.plugins`` entry-point group (set the environment
+variable ``DYNRES_DISABLE_PLUGIN_AUTOLOAD=1`` to skip that) or registered by hand on a manager
+from :func:`dynres.core.get_plugin_manager`. Hook arguments are passed by keyword; an
+implementation may accept any subset of a spec's arguments, and pluggy rejects any other name.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import pluggy
+
+if TYPE_CHECKING:
+    from dynres.core.context import ScheduleContext
+
+PROJECT_NAME = "dynres"
+"""The pluggy project name shared by the markers and the plugin manager."""
+
+hookspec = pluggy.HookspecMarker(PROJECT_NAME)
+"""Marker for the specifications below."""
+
+hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
+"""Marker a plugin puts on each of its hook implementations."""
+
+
+# ---- Decision hooks ------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def dynres_should_deactivate(ctx: ScheduleContext) -> bool | None:
+    """Decide, before a training step, whether to hand the hybrid replicas back to the trainer.
+
+    Called once per sync cycle before the first collection. Returning ``True`` makes the
+    controller wait for :func:`dynres_deactivate_wait_samples` samples and then deactivate the
+    hybrid replicas (remove from routing, abort, sleep). Return ``None`` to let the next
+    implementation (ultimately the policy) decide.
+
+    :param ctx: the current :class:`~dynres.core.context.ScheduleContext`.
+    :return: ``True`` to deactivate, ``False`` to keep hybrid replicas generating, or ``None``.
+    """
+
+
+@hookspec(firstresult=True)
+def dynres_deactivate_wait_samples(ctx: ScheduleContext) -> int | None:
+    """Return how many queued samples to wait for before deactivating the hybrid replicas.
+
+    Called only when :func:`dynres_should_deactivate` returned ``True``. The controller waits
+    until the message queue holds at least this many samples (capped at one collection's need
+    when no more can arrive), then deactivates. ``0`` deactivates at once.
+
+    :param ctx: the current :class:`~dynres.core.context.ScheduleContext`.
+    :return: a sample count ``>= 0``, or ``None`` to defer to the next implementation.
+    """
+
+
+@hookspec(firstresult=True)
+def dynres_should_activate_after_step(ctx: ScheduleContext) -> bool | None:
+    """Decide, after the weight sync, whether the hybrid replicas generate during the next cycle.
+
+    When the answer is ``True`` the controller also syncs weights to the hybrid replicas and
+    activates them (register in the balancer, then resume); when it is ``False`` the hybrid
+    replicas stay asleep and their weight sync is skipped.
+
+    :param ctx: the current :class:`~dynres.core.context.ScheduleContext`.
+    :return: ``True`` to activate, ``False`` to stay standalone-only, or ``None``.
+    """
+
+
+@hookspec(firstresult=True)
+def dynres_should_rebalance(ctx: ScheduleContext) -> bool | None:
+    """Decide, right after an activation, whether to move queued work onto the new replicas.
+
+    Only asked when ``dynamic_schedule_enable_rebalance`` is on. The controller performs the
+    rebalance (it clears sticky entries and moves only the requests that should move); a policy
+    or plugin never does I/O here.
+
+    :param ctx: the current :class:`~dynres.core.context.ScheduleContext`.
+    :return: ``True`` to rebalance, ``False`` not to, or ``None``.
+    """
+
+
+@hookspec(firstresult=True)
+def dynres_update_after_step(ctx: ScheduleContext) -> None:
+    """Let the policy adapt its state after the weight sync of a cycle.
+
+    The policy's implementation returns ``None``, so every implementation of this hook runs;
+    plugins may use it to observe the end of a cycle.
+
+    :param ctx: the current :class:`~dynres.core.context.ScheduleContext`.
+    """
+
+
+# ---- Observer hooks ------------------------------------------------------------------------
+
+
+@hookspec
+def dynres_decision_made(
+    decision: str, value: Any, ctx: ScheduleContext, policy_name: str, fallback: bool
+) -> None:
+    """Observe one decision after the controller validated it.
+
+    :param decision: the policy method's name, e.g. ``"should_deactivate"``.
+    :param value: the value the controller acts on.
+    :param ctx: the context the decision was made with.
+    :param policy_name: the active policy's ``name``.
+    :param fallback: ``True`` when the policy raised, hung or returned a wrong type and the
+        controller used the safe value instead.
+    """
+
+
+@hookspec
+def dynres_state_transition(old_state: str, new_state: str, now: float) -> None:
+    """Observe a controller state change (e.g. ``STANDALONE_ONLY -> ACTIVATING``).
+
+    :param old_state: name of the state left.
+    :param new_state: name of the state entered.
+    :param now: the run's clock, in seconds.
+    """
+
+
+@hookspec
+def dynres_metrics_emitted(step: int, metrics: dict[str, float]) -> None:
+    """Observe the metrics of one sync cycle (the ``dynamic_resource/*`` keys and others).
+
+    :param step: the sync cycle's ``global_steps`` value after the cycle.
+    :param metrics: metric key to value; units as documented per key.
+    """
+
+
+DECISION_HOOKS: tuple[str, ...] = (
+    "dynres_should_deactivate",
+    "dynres_deactivate_wait_samples",
+    "dynres_should_activate_after_step",
+    "dynres_should_rebalance",
+    "dynres_update_after_step",
+)
+"""Names of the decision hooks, in the order the controller calls them in a cycle."""
+
+OBSERVER_HOOKS: tuple[str, ...] = (
+    "dynres_decision_made",
+    "dynres_state_transition",
+    "dynres_metrics_emitted",
+)
+"""Names of the observer hooks."""

@@ -1,0 +1,133 @@
+"""Finding and building policies: the ``dynres.policies`` entry-point group and import paths."""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from importlib.metadata import EntryPoint, entry_points
+from typing import Any
+
+from dynres.core.errors import (
+    DuplicatePolicyError,
+    PolicyError,
+    PolicyImportError,
+    PolicyNotFoundError,
+    PolicyValidationError,
+    did_you_mean,
+)
+from dynres.core.policy import Policy, validate_policy_class
+
+POLICIES_GROUP = "dynres.policies"
+"""Entry-point group in which distributions register policies (``name = "module:Class"``)."""
+
+
+@dataclass(frozen=True)
+class PolicyEntry:
+    """One installed policy as registered by a distribution (not yet imported)."""
+
+    name: str
+    """Registry name (the entry point's name)."""
+    value: str
+    """Import path ``module:Class``."""
+    distribution: str
+    """Name of the distribution that registers it."""
+    version: str
+    """Version of that distribution."""
+
+    def load(self) -> type[Policy]:
+        """Import and validate the policy class; raise PolicyImportError naming the distribution."""
+        where = f"entry point {self.name!r} = {self.value!r} of distribution {self.distribution!r}"
+        try:
+            obj = EntryPoint(name=self.name, value=self.value, group=POLICIES_GROUP).load()
+        except Exception as exc:  # third-party import-time failures of any kind
+            raise PolicyImportError(
+                f"policy {self.name!r} failed to import from distribution {self.distribution!r} "
+                f"({self.value}): {type(exc).__name__}: {exc}; fix or reinstall "
+                f"{self.distribution!r}"
+            ) from exc
+        cls = validate_policy_class(obj, where=where)
+        if cls.name != self.name:
+            raise PolicyValidationError(
+                f"{where} points to a class whose name is {cls.name!r}; make the entry-point "
+                "name and the class's name attribute equal"
+            )
+        return cls
+
+
+@functools.cache
+def installed_policies() -> dict[str, tuple[PolicyEntry, ...]]:
+    """Return every policy registered in ``dynres.policies``, by name (cached; see clear_policy_cache).
+
+    A name maps to more than one entry when two distributions claim it.
+    """
+    found: dict[str, dict[tuple[str, str], PolicyEntry]] = {}
+    for ep in entry_points(group=POLICIES_GROUP):
+        dist = ep.dist.name if ep.dist is not None else "<unknown distribution>"
+        version = ep.dist.version if ep.dist is not None else "?"
+        # One distribution can appear twice on sys.path (editable + copy); count it once.
+        found.setdefault(ep.name, {})[(dist, ep.value)] = PolicyEntry(ep.name, ep.value, dist, version)
+    return {name: tuple(entries.values()) for name, entries in sorted(found.items())}
+
+
+def clear_policy_cache() -> None:
+    """Forget the cached entry-point scan (after installing a distribution in the same process)."""
+    installed_policies.cache_clear()
+
+
+def policy_entry(name: str) -> PolicyEntry:
+    """Return the single installed entry for ``name``; raise on unknown or duplicate names."""
+    registry = installed_policies()
+    entries = registry.get(name)
+    if not entries:
+        names = ", ".join(registry) or "(none)"
+        raise PolicyNotFoundError(
+            f"unknown policy {name!r}{did_you_mean(name, registry)}; installed policies: {names}. "
+            f"Install a distribution that registers it in the {POLICIES_GROUP!r} entry-point "
+            "group, or name it as 'module:Class'"
+        )
+    if len(entries) > 1:
+        who = " and ".join(f"{e.distribution!r} ({e.value})" for e in entries)
+        raise DuplicatePolicyError(
+            f"policy name {name!r} is registered by {who}; uninstall one of them or load the "
+            "one you want as 'module:Class'"
+        )
+    return entries[0]
+
+
+def resolve_policy_class(spec: str | type[Policy]) -> type[Policy]:
+    """Return the Policy class for a registered name, a ``module:Class`` path, or a class."""
+    if isinstance(spec, type):
+        return validate_policy_class(spec)
+    if not isinstance(spec, str) or not spec.strip():
+        raise PolicyError(f"a policy is named by a non-empty string or a class, not {spec!r}")
+    spec = spec.strip()
+    if ":" not in spec:
+        return policy_entry(spec).load()
+    module_name, _, attr = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:
+        raise PolicyImportError(
+            f"policy {spec!r}: module {module_name!r} failed to import: "
+            f"{type(exc).__name__}: {exc}; check the path and that its distribution is installed"
+        ) from exc
+    obj: Any = module
+    try:
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except AttributeError:
+        raise PolicyImportError(
+            f"policy {spec!r}: module {module_name!r} has no attribute {attr!r}"
+            f"{did_you_mean(attr, dir(module))}"
+        ) from None
+    return validate_policy_class(obj, where=f"import path {spec!r}")
+
+
+def load_policy(
+    spec: str | type[Policy], params: Policy.Params | Mapping[str, Any] | None = None
+) -> Policy:
+    """Build a policy from a registered name, ``module:Class`` path or class, with validated params."""
+    cls = resolve_policy_class(spec)
+    return cls(params)

@@ -1,0 +1,152 @@
+"""Plugin manager factory and the adapter that turns a `Policy` into decision-hook implementations."""
+
+from __future__ import annotations
+
+import os
+from importlib.metadata import entry_points
+from typing import Any
+
+import pluggy
+
+from dynres.core import hookspecs
+from dynres.core.context import ScheduleContext
+from dynres.core.errors import PluginError
+from dynres.core.hookspecs import PROJECT_NAME, hookimpl
+from dynres.core.policy import Policy, validate_policy_class
+
+PLUGINS_GROUP = "dynres.plugins"
+"""Entry-point group of cross-cutting plugins (exporters, decision wrappers, observers)."""
+
+DISABLE_AUTOLOAD_ENV = "DYNRES_DISABLE_PLUGIN_AUTOLOAD"
+"""Set this environment variable to 1/true/yes to skip loading ``dynres.plugins`` entry points."""
+
+
+def autoload_disabled() -> bool:
+    """Return True when the environment switch turns off ``dynres.plugins`` autoloading."""
+    return os.environ.get(DISABLE_AUTOLOAD_ENV, "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def get_plugin_manager(*, load_plugins: bool | None = None) -> pluggy.PluginManager:
+    """Return a new plugin manager with the dynres hook specs and, unless disabled, the installed plugins.
+
+    ``load_plugins=None`` loads the ``dynres.plugins`` entry points unless the environment
+    variable ``DYNRES_DISABLE_PLUGIN_AUTOLOAD`` is set. Every call builds a fresh manager, so
+    tests and several runs in one process never share registered plugins.
+    """
+    pm = pluggy.PluginManager(PROJECT_NAME)
+    pm.add_hookspecs(hookspecs)
+    if load_plugins is None:
+        load_plugins = not autoload_disabled()
+    if load_plugins:
+        _load_entry_point_plugins(pm)
+    return pm
+
+
+def _load_entry_point_plugins(pm: pluggy.PluginManager) -> None:
+    seen: set[tuple[str, str]] = set()
+    for ep in entry_points(group=PLUGINS_GROUP):
+        dist = ep.dist.name if ep.dist is not None else "<unknown distribution>"
+        if (dist, ep.value) in seen:
+            continue
+        seen.add((dist, ep.value))
+        try:
+            plugin = ep.load()
+        except Exception as exc:  # any import-time failure of third-party code
+            raise PluginError(
+                f"plugin {ep.name!r} ({ep.value}) from distribution {dist!r} failed to import: "
+                f"{type(exc).__name__}: {exc}; fix or uninstall {dist!r}, or set "
+                f"{DISABLE_AUTOLOAD_ENV}=1"
+            ) from exc
+        register_plugin(pm, plugin, name=ep.name, origin=f"distribution {dist!r}")
+
+
+def register_plugin(
+    pm: pluggy.PluginManager, plugin: object, *, name: str | None = None, origin: str = ""
+) -> None:
+    """Register ``plugin`` and validate it; raise PluginError naming it on an unknown hook or bad signature."""
+    where = f" from {origin}" if origin else ""
+    label = name or getattr(plugin, "__name__", repr(plugin))
+    try:
+        pm.register(plugin, name=name)
+        pm.check_pending()
+    except pluggy.PluginValidationError as exc:
+        if pm.is_registered(plugin):
+            pm.unregister(plugin)
+        raise PluginError(
+            f"plugin {label!r}{where} is invalid: {exc}; hooks are listed in "
+            "dynres.core.hookspecs"
+        ) from None
+    except ValueError as exc:  # pluggy: name already registered
+        raise PluginError(f"plugin {label!r}{where} could not be registered: {exc}") from None
+
+
+class _PolicyHookImpls:
+    """Registers a policy's plain methods as the last-resort implementations of the decision hooks."""
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+
+    @hookimpl(trylast=True)
+    def dynres_should_deactivate(self, ctx: ScheduleContext) -> Any:
+        return self.policy.should_deactivate(ctx)
+
+    @hookimpl(trylast=True)
+    def dynres_deactivate_wait_samples(self, ctx: ScheduleContext) -> Any:
+        return self.policy.deactivate_wait_samples(ctx)
+
+    @hookimpl(trylast=True)
+    def dynres_should_activate_after_step(self, ctx: ScheduleContext) -> Any:
+        return self.policy.should_activate_after_step(ctx)
+
+    @hookimpl(trylast=True)
+    def dynres_should_rebalance(self, ctx: ScheduleContext) -> Any:
+        return self.policy.should_rebalance(ctx)
+
+    @hookimpl(trylast=True)
+    def dynres_update_after_step(self, ctx: ScheduleContext) -> Any:
+        return self.policy.update_after_step(ctx)
+
+
+class BoundPolicy:
+    """A policy plugged into a plugin manager: decisions go through the ``dynres_*`` hooks.
+
+    The controller calls these methods; plugins registered on the same manager may override or
+    wrap each decision. Values are returned as the hooks produce them; the controller checks
+    their types and falls back to safe values.
+    """
+
+    def __init__(self, policy: Policy, pm: pluggy.PluginManager | None = None) -> None:
+        """Register ``policy`` on ``pm`` (a fresh manager with installed plugins if None)."""
+        validate_policy_class(type(policy))
+        self.policy = policy
+        self.pm = pm if pm is not None else get_plugin_manager()
+        self.pm.register(_PolicyHookImpls(policy), name=f"dynres-policy:{policy.name}")
+
+    @property
+    def name(self) -> str:
+        """The bound policy's registry name."""
+        return self.policy.name
+
+    def should_deactivate(self, ctx: ScheduleContext) -> Any:
+        """Run the ``dynres_should_deactivate`` hook chain."""
+        return self.pm.hook.dynres_should_deactivate(ctx=ctx)
+
+    def deactivate_wait_samples(self, ctx: ScheduleContext) -> Any:
+        """Run the ``dynres_deactivate_wait_samples`` hook chain."""
+        return self.pm.hook.dynres_deactivate_wait_samples(ctx=ctx)
+
+    def should_activate_after_step(self, ctx: ScheduleContext) -> Any:
+        """Run the ``dynres_should_activate_after_step`` hook chain."""
+        return self.pm.hook.dynres_should_activate_after_step(ctx=ctx)
+
+    def should_rebalance(self, ctx: ScheduleContext) -> Any:
+        """Run the ``dynres_should_rebalance`` hook chain."""
+        return self.pm.hook.dynres_should_rebalance(ctx=ctx)
+
+    def update_after_step(self, ctx: ScheduleContext) -> Any:
+        """Run the ``dynres_update_after_step`` hook chain."""
+        return self.pm.hook.dynres_update_after_step(ctx=ctx)
+
+    def decision(self, method: str, ctx: ScheduleContext) -> Any:
+        """Run the hook chain of policy method ``method`` (one of POLICY_METHODS)."""
+        return getattr(self, method)(ctx)

@@ -1,0 +1,1 @@
+"""Built-in dynres policies (registered in the ``dynres.policies`` entry-point group)."""

@@ -1,0 +1,1 @@
+"""dynres runtime: controller, load balancer, message queue, loops, backends, simulator, CLI."""

@@ -1,0 +1,218 @@
+"""Backend protocols: what the controller, balancer and loops need from replicas and trainers.
+
+The operations mirror what a vLLM ``AsyncLLM`` engine really offers (generate from token ids,
+``abort``, ``pause_generation``/``resume_generation``, ``sleep(level)``/``wake_up(tags)``,
+``reset_prefix_cache``, weight reload) and what a trainer engine can do (train step with
+per-phase timings, offload/onload, export weights), so that the ``sim``, ``ray``, ``vllm`` and
+``torch``/``megatron`` backends implement the same shapes.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+
+class ReplicaKind(str, enum.Enum):
+    """Where a replica lives: on dedicated rollout GPUs or on the trainer's GPUs."""
+
+    STANDALONE = "standalone"
+    HYBRID = "hybrid"
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One response to generate (a sample of ``rollout.n`` responses issues ``n`` requests)."""
+
+    request_id: str
+    """Unique id of this response's generation; stable across abort/retry (sticky-session key)."""
+    sample_id: str
+    """Id of the sample (prompt group) the response belongs to."""
+    prompt_token_ids: tuple[int, ...]
+    """Prompt tokens."""
+    max_tokens: int
+    """Upper bound of generated tokens, partial output included (count)."""
+    partial_token_ids: tuple[int, ...] = ()
+    """Tokens generated before an abort; a resumed request continues after them (partial rollout)."""
+    partial_logprobs: tuple[float, ...] = ()
+    """Log-probs of ``partial_token_ids`` (one per token)."""
+    temperature: float = 1.0
+    """Sampling temperature (0 = greedy)."""
+    seed: int | None = None
+    """Sampling seed, for reproducible generations."""
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    """Backend-specific data (e.g. the simulator's modelled response length)."""
+
+    def resumed(self, partial_token_ids: Sequence[int], partial_logprobs: Sequence[float]) -> GenerationRequest:
+        """Return a copy that resumes after ``partial_token_ids`` (all output so far)."""
+        from dataclasses import replace
+
+        return replace(
+            self,
+            partial_token_ids=tuple(partial_token_ids),
+            partial_logprobs=tuple(partial_logprobs),
+        )
+
+
+FinishReason = Literal["stop", "length", "abort"]
+"""Why a generation ended: stop token, token limit, or aborted (resumable)."""
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    """What a replica returns for a request; ``finish_reason == "abort"`` means resumable."""
+
+    request_id: str
+    """The request's id."""
+    token_ids: tuple[int, ...]
+    """All generated tokens, the request's partial output included."""
+    logprobs: tuple[float, ...]
+    """Log-prob of each generated token."""
+    finish_reason: FinishReason
+    """Why generation ended."""
+    replica_id: str
+    """Replica that produced the last tokens."""
+    weight_version: int = 0
+    """Weight version the last tokens were generated with."""
+
+    @property
+    def aborted(self) -> bool:
+        """True when the generation was aborted and can resume from ``token_ids``."""
+        return self.finish_reason == "abort"
+
+
+@dataclass(frozen=True)
+class WeightUpdate:
+    """Weights exported by a trainer for the replicas (payload is backend-specific)."""
+
+    version: int
+    """Weight version (the trainer's param version after the step)."""
+    payload: Any = None
+    """Backend data: buckets of tensors, a shared-memory path, or None in simulation."""
+    nbytes: int = 0
+    """Size of the weights (bytes)."""
+
+
+@dataclass(frozen=True)
+class OperationCosts:
+    """A backend's own estimate of what each operation costs (seconds; None = unknown)."""
+
+    sleep_s: float | None = None
+    """Release KV cache and offload weights."""
+    wake_up_s: float | None = None
+    """Reload weights and KV cache."""
+    abort_s: float | None = None
+    """Abort all in-flight requests."""
+    update_weights_s: float | None = None
+    """Receive and load one weight update."""
+    offload_s: float | None = None
+    """Trainer: move parameters and optimizer state off the GPU."""
+    onload_s: float | None = None
+    """Trainer: bring them back."""
+    export_weights_s: float | None = None
+    """Trainer: export one weight update."""
+
+
+@dataclass(frozen=True)
+class ReplicaHealth:
+    """Health of a replica as the replica reports it."""
+
+    healthy: bool
+    """False when the replica cannot serve (dead engine, lost node)."""
+    in_flight: int = 0
+    """Requests running on it (count)."""
+    sleeping: bool = False
+    """True while asleep."""
+    detail: str = ""
+    """Human-readable reason when unhealthy."""
+
+
+@runtime_checkable
+class Replica(Protocol):
+    """An inference replica (one engine). Every operation is a coroutine; none blocks the loop."""
+
+    replica_id: str
+    """Unique id, used by the balancer and in logs."""
+    kind: ReplicaKind
+    """Standalone or hybrid."""
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        """Generate until stop/limit, or return early with ``finish_reason="abort"`` when aborted."""
+        ...
+
+    async def abort(self, request_ids: Sequence[str] | None = None) -> list[str]:
+        """Abort the given requests (None = all in flight); return the ids that were aborted."""
+        ...
+
+    async def pause(self) -> None:
+        """Stop scheduling new tokens but keep requests (vLLM ``pause_generation(mode="keep")``)."""
+        ...
+
+    async def resume(self) -> None:
+        """Resume after :meth:`pause` (vLLM ``resume_generation``)."""
+        ...
+
+    async def sleep(self, level: int = 1) -> None:
+        """Release KV cache (level 1 also offloads weights to CPU; level 2 discards them)."""
+        ...
+
+    async def wake_up(self, tags: Sequence[str] | None = None) -> None:
+        """Reallocate memory: ``tags`` among ``"weights"``, ``"kv_cache"`` (None = all)."""
+        ...
+
+    async def update_weights(self, update: WeightUpdate) -> None:
+        """Load a weight update and reset the prefix cache."""
+        ...
+
+    async def health(self) -> ReplicaHealth:
+        """Report health, in-flight count and sleep state."""
+        ...
+
+    def costs(self) -> OperationCosts:
+        """The replica's own estimate of each operation's cost."""
+        ...
+
+    async def shutdown(self) -> None:
+        """Stop the engine and free its resources."""
+        ...
+
+
+@dataclass(frozen=True)
+class TrainStepResult:
+    """What one trainer fit step reports."""
+
+    phase_times: Mapping[str, float]
+    """Seconds per phase (``reward``, ``old_log_prob``, ``ref``, ``adv``, ``update_actor``, ...)."""
+    metrics: Mapping[str, float] = field(default_factory=dict)
+    """Training metrics (e.g. ``reward/mean``, ``loss``)."""
+
+
+@runtime_checkable
+class TrainEngine(Protocol):
+    """The trainer side: fit steps, memory hand-over to hybrid replicas, weight export."""
+
+    async def train_step(self, batch: Sequence[Any]) -> TrainStepResult:
+        """Run one fit step on a batch of finished samples; report per-phase times."""
+        ...
+
+    async def offload(self) -> None:
+        """Free GPU memory held by parameters and optimizer state (so hybrid replicas can use it)."""
+        ...
+
+    async def onload(self) -> None:
+        """Restore what :meth:`offload` freed, bit-exact."""
+        ...
+
+    async def export_weights(self) -> WeightUpdate:
+        """Export the current weights as one update for the replicas."""
+        ...
+
+    def costs(self) -> OperationCosts:
+        """The engine's own estimate of each operation's cost."""
+        ...
+
+    async def shutdown(self) -> None:
+        """Release the engine's resources."""
+        ...

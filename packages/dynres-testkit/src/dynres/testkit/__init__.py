@@ -1,0 +1,1 @@
+"""dynres testkit: fakes, strategies, the policy conformance suite and its pytest plugin."""
