@@ -30,13 +30,13 @@ class GenerationRequest:
     """Unique id of this response's generation; stable across abort/retry (sticky-session key)."""
     sample_id: str
     """Id of the sample (prompt group) the response belongs to."""
-    prompt_token_ids: tuple[int, ...]
-    """Prompt tokens."""
+    prompt_token_ids: Sequence[int]
+    """Prompt tokens (any int sequence; the simulator uses ``range`` objects to stay cheap)."""
     max_tokens: int
     """Upper bound of generated tokens, partial output included (count)."""
-    partial_token_ids: tuple[int, ...] = ()
+    partial_token_ids: Sequence[int] = ()
     """Tokens generated before an abort; a resumed request continues after them (partial rollout)."""
-    partial_logprobs: tuple[float, ...] = ()
+    partial_logprobs: Sequence[float] = ()
     """Log-probs of ``partial_token_ids`` (one per token)."""
     temperature: float = 1.0
     """Sampling temperature (0 = greedy)."""
@@ -49,11 +49,7 @@ class GenerationRequest:
         """Return a copy that resumes after ``partial_token_ids`` (all output so far)."""
         from dataclasses import replace
 
-        return replace(
-            self,
-            partial_token_ids=tuple(partial_token_ids),
-            partial_logprobs=tuple(partial_logprobs),
-        )
+        return replace(self, partial_token_ids=partial_token_ids, partial_logprobs=partial_logprobs)
 
 
 FinishReason = Literal["stop", "length", "abort"]
@@ -66,9 +62,9 @@ class GenerationResult:
 
     request_id: str
     """The request's id."""
-    token_ids: tuple[int, ...]
+    token_ids: Sequence[int]
     """All generated tokens, the request's partial output included."""
-    logprobs: tuple[float, ...]
+    logprobs: Sequence[float]
     """Log-prob of each generated token."""
     finish_reason: FinishReason
     """Why generation ended."""
