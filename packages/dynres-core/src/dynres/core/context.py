@@ -13,13 +13,28 @@ Vocabulary used in the field docs:
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ModelWrapValidatorHandler,
+    computed_field,
+    model_validator,
+)
+
+COMPUTED_FIELDS: tuple[str, ...] = ("step_required_samples", "buffer_samples", "only_hybrid")
+"""Fields derived from the others; accepted on input only when they agree with the derivation."""
 
 
 class ScheduleContext(BaseModel):
     """Immutable snapshot of the training run handed to each policy decision (units in fields)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # NaN would slip past every ">= 0" check (all comparisons with NaN are False) and then poison
+    # a policy's estimates, so non-finite numbers are rejected outright.
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     # ---- Step bookkeeping ------------------------------------------------------------------
     global_steps: int = Field(
@@ -99,6 +114,27 @@ class ScheduleContext(BaseModel):
     last_cycle_time_s: float = Field(
         0.0, ge=0.0, description="Wall time of the latest sync cycle (seconds; 0 = none yet)."
     )
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _accept_computed_fields(
+        cls, data: Any, handler: ModelWrapValidatorHandler[ScheduleContext]
+    ) -> ScheduleContext:
+        # model_dump()/model_dump_json() include the computed fields; without this a dumped
+        # context (a recorded trace, a checkpoint) could not be validated again under extra="forbid".
+        given: dict[str, Any] = {}
+        if isinstance(data, Mapping) and any(k in data for k in COMPUTED_FIELDS):
+            given = {k: data[k] for k in COMPUTED_FIELDS if k in data}
+            data = {k: v for k, v in data.items() if k not in given}
+        ctx = handler(data)
+        for key, value in given.items():
+            if value != getattr(ctx, key):
+                raise ValueError(
+                    f"{key}={value!r} disagrees with the value derived from the other fields "
+                    f"({getattr(ctx, key)!r}); drop {key} from the input or fix the fields it "
+                    "is derived from"
+                )
+        return ctx
 
     @model_validator(mode="after")
     def _check_consistency(self) -> ScheduleContext:
