@@ -42,6 +42,7 @@ def make_dist(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Calla
     Module names get a unique suffix because sys.modules outlives a test; entry-point values
     name modules by their short names and are rewritten to the unique ones. Each call may use
     its own site directory (``site=``) so one distribution can appear twice on sys.path.
+    ``clear=False`` skips the policy-cache reset, as if installed behind the process's back.
     """
     written: list[str] = []
     sites: dict[str, Path] = {}
@@ -56,6 +57,7 @@ def make_dist(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Calla
         plugins: Mapping[str, str] = {},
         version: str = "1.0",
         site: str = "site",
+        clear: bool = True,
     ) -> FakeDist:
         root = sites.get(site)
         if root is None:
@@ -78,7 +80,8 @@ def make_dist(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Calla
                 lines.append(f"[{group}]")
                 lines += [f"{ep} = {_rewrite_value(v, real)}" for ep, v in eps.items()]
         (info / "entry_points.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
-        clear_policy_cache()
+        if clear:
+            clear_policy_cache()
         return FakeDist(name, root, real)
 
     clear_policy_cache()

@@ -74,6 +74,9 @@ def installed_policies() -> dict[str, tuple[PolicyEntry, ...]]:
 def clear_policy_cache() -> None:
     """Forget the cached entry-point scan (after installing a distribution in the same process)."""
     installed_policies.cache_clear()
+    # The import system and importlib.metadata cache directory listings too; without this a
+    # distribution written into an already-scanned directory may stay invisible.
+    importlib.invalidate_caches()
 
 
 def policy_entry(name: str) -> PolicyEntry:
