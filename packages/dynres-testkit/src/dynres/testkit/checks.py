@@ -1,0 +1,806 @@
+"""The policy conformance suite: one plain function per property, usable with or without pytest.
+
+Each ``check_<property>(policy)`` takes a policy given as an instance, a class, a registered
+name or a ``"module:Class"`` path, returns ``None`` when the property holds, and raises
+:class:`PolicyCheckFailure` (an ``AssertionError`` and a ``DynresError``) whose message says what
+was expected, what came back, and the context that triggered it.
+
+Three ways to run them::
+
+    from dynres.testkit.checks import check_policy, parametrize_with_checks
+
+    check_policy(MyPolicy)                       # anywhere: raises on the first report of failures
+
+    @parametrize_with_checks([MyPolicy, MyPolicy({"floor": 0.2})])
+    def test_my_policy(policy, check):           # in pytest: one test per check, ids check_x[name]
+        check(policy)
+
+    $ pytest --dynres-policy my_policy           # the pytest plugin, no test file needed
+
+When an instance is given, checks work on deep copies of it, so its params (and any state it
+already has) are what is tested; a class or name is built with default params.
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+import importlib
+import json
+import pickle
+import statistics
+import time
+import unittest
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from dynres.core.context import ScheduleContext
+from dynres.core.errors import (
+    ConfigError,
+    DynresError,
+    PolicyImportError,
+    PolicyValidationError,
+    did_you_mean,
+)
+from dynres.core.policy import POLICY_METHODS, Policy, validate_policy_class
+
+__all__ = [
+    "CheckResult",
+    "CheckSkipped",
+    "LATENCY_MAX_S",
+    "LATENCY_MEDIAN_S",
+    "PolicyCheckFailure",
+    "PolicyCheckWarning",
+    "all_checks",
+    "check_constructible_with_defaults",
+    "check_context_not_mutated",
+    "check_decision_latency",
+    "check_decision_types",
+    "check_deterministic",
+    "check_only_hybrid_never_deadlocks",
+    "check_params_reject_unknown_keys",
+    "check_picklable",
+    "check_policy",
+    "check_policy_api",
+    "check_state_dict_json_round_trip",
+    "check_wait_bounds",
+    "parametrize_with_checks",
+    "policy_label",
+    "yield_policy_checks",
+]
+
+PolicySpec = Policy | type[Policy] | str
+"""Ways to name the policy under test: an instance, a class, a registered name, ``module:Class``."""
+
+LATENCY_MEDIAN_S = 1e-3
+"""Budget for the median time of one decision call (seconds)."""
+
+LATENCY_MAX_S = 50e-3
+"""Budget for the slowest decision call (seconds)."""
+
+EXAMPLES = 40
+"""Generated context sequences per property check (each holds 1-8 contexts)."""
+
+UNKNOWN_PARAM = "dynres_check_no_such_param"
+"""The key check_params_reject_unknown_keys adds to a policy's params."""
+
+
+# ---- Failures and results ----------------------------------------------------------------------
+
+
+class PolicyCheckFailure(DynresError, AssertionError):
+    """A policy broke the property a conformance check tests; the message says how."""
+
+    def __init__(self, check: str, policy: str, message: str) -> None:
+        """Build ``"check[policy]: message"``."""
+        super().__init__(f"{check}[{policy}]: {message}")
+        self.check = check
+        self.policy = policy
+        self.detail = message
+
+
+class CheckSkipped(unittest.SkipTest):
+    """A check does not apply here (e.g. the simulator is not installed); pytest reports a skip."""
+
+
+class PolicyCheckWarning(UserWarning):
+    """Emitted by ``check_policy(..., on_fail="warn")`` for each failed check."""
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """Outcome of one check on one policy, as returned by :func:`check_policy`."""
+
+    check: str
+    """Name of the check function."""
+    policy: str
+    """Label of the policy (see :func:`policy_label`)."""
+    status: Literal["passed", "failed", "xfail", "xpass", "skipped"]
+    """``xfail``/``xpass``: the check was listed in ``expected_failed_checks``."""
+    message: str = ""
+    """The failure or skip message."""
+    seconds: float = 0.0
+    """Wall time the check took."""
+
+
+# ---- Naming the policy under test ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Subject:
+    """The resolved policy under test: its class, a label, and the instance to copy if one was given."""
+
+    cls: type[Policy]
+    label: str
+    template: Policy | None
+
+    def fresh(self, check: str) -> Policy:
+        """A new policy to test: a deep copy of the given instance, or the class with defaults."""
+        try:
+            if self.template is not None:
+                return copy.deepcopy(self.template)
+            return self.cls()
+        except Exception as exc:
+            how = "deepcopy of the given instance" if self.template is not None else f"{self.cls.__qualname__}()"
+            raise PolicyCheckFailure(
+                check, self.label, f"could not build the policy to test: {how} raised {_exc(exc)}"
+            ) from exc
+
+    def fail(self, check: str, message: str) -> PolicyCheckFailure:
+        """A failure of ``check`` for this policy."""
+        return PolicyCheckFailure(check, self.label, message)
+
+
+def _import_unvalidated(spec: str) -> object:
+    # Import without validate_policy_class so that check_policy_api, not the import, reports an
+    # API defect of a class found by name or path.
+    from importlib.metadata import EntryPoint
+
+    from dynres.core.loading import POLICIES_GROUP, policy_entry
+
+    if ":" not in spec:
+        entry = policy_entry(spec)  # raises PolicyNotFoundError listing the installed names
+        try:
+            return EntryPoint(name=entry.name, value=entry.value, group=POLICIES_GROUP).load()
+        except Exception as exc:
+            raise PolicyImportError(
+                f"policy {spec!r} from distribution {entry.distribution!r} ({entry.value}) "
+                f"failed to import: {_exc(exc)}; fix or reinstall {entry.distribution!r}"
+            ) from exc
+    module_name, _, attr = spec.partition(":")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except Exception as exc:
+        raise PolicyImportError(
+            f"policy {spec!r}: module {module_name!r} failed to import: {_exc(exc)}; check the path"
+        ) from exc
+    module = obj
+    try:
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except AttributeError:
+        raise PolicyImportError(
+            f"policy {spec!r}: module {module_name!r} has no attribute {attr!r}"
+            f"{did_you_mean(attr, dir(module))}"
+        ) from None
+    return obj
+
+
+def _subject(policy: PolicySpec | _Subject) -> _Subject:
+    if isinstance(policy, _Subject):
+        return policy
+    if isinstance(policy, Policy):
+        return _Subject(type(policy), policy_label(policy), policy)
+    obj: object = policy
+    if isinstance(policy, str):
+        obj = _import_unvalidated(policy.strip())
+    if not (isinstance(obj, type) and issubclass(obj, Policy)):
+        raise PolicyValidationError(
+            f"{policy!r} is not a dynres policy; pass a Policy instance, a Policy subclass, a "
+            "registered policy name or a 'module:Class' path"
+        )
+    label = policy.strip() if isinstance(policy, str) else policy_label(obj)
+    return _Subject(obj, label, None)
+
+
+def policy_label(policy: PolicySpec) -> str:
+    """Short label used in check ids: the name as given, or the class's name plus non-default params."""
+    if isinstance(policy, str):
+        return policy.strip()
+    if isinstance(policy, type):
+        return getattr(policy, "name", "") or policy.__qualname__
+    base = getattr(policy, "name", "") or type(policy).__qualname__
+    try:
+        changed = policy.params.model_dump(exclude_defaults=True)
+    except Exception:  # a broken Params must not break labelling; the checks will report it
+        changed = {}
+    if not changed:
+        return base
+    return base + "(" + ", ".join(f"{k}={v!r}" for k, v in sorted(changed.items())) + ")"
+
+
+# ---- Helpers shared by the checks ----------------------------------------------------------------
+
+
+def _exc(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _show(ctx: ScheduleContext) -> str:
+    """A context as a short constructor call (non-default fields only), to paste into a test."""
+    fields = ctx.model_dump(exclude_defaults=True, exclude=set(_computed_fields()))
+    args = ", ".join(f"{k}={v!r}" for k, v in fields.items())
+    return f"ScheduleContext({args})"
+
+
+def _computed_fields() -> tuple[str, ...]:
+    return tuple(ScheduleContext.model_computed_fields)
+
+
+def _call(subject: _Subject, check: str, policy: Policy, method: str, ctx: ScheduleContext) -> Any:
+    try:
+        return getattr(policy, method)(ctx)
+    except PolicyCheckFailure:
+        raise
+    except Exception as exc:
+        raise subject.fail(
+            check, f"{method} raised {_exc(exc)}; a policy must answer every valid context. "
+            f"Context: {_show(ctx)}"
+        ) from exc
+
+
+def _cycle(subject: _Subject, check: str, policy: Policy, ctx: ScheduleContext) -> tuple[Any, ...]:
+    """Call the five methods in the controller's order; return what each answered."""
+    return tuple(_call(subject, check, policy, m, ctx) for m in POLICY_METHODS)
+
+
+def _first_difference(a: Sequence[Any], b: Sequence[Any]) -> tuple[str, Any, Any] | None:
+    for method, x, y in zip(POLICY_METHODS, a, b, strict=True):
+        if type(x) is not type(y) or x != y:
+            return method, x, y
+    return None
+
+
+def _for_all(strategy: Any, body: Callable[[Any], None], *, max_examples: int, shrink: bool = True) -> None:
+    """Run ``body`` on examples of ``strategy`` with reproducible, side-effect-free settings.
+
+    The database is off (no ``.hypothesis`` folder in the author's project) and generation is
+    derandomized (the same policy gets the same verdict on every run and machine).
+    """
+    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis.errors import Flaky
+
+    phases = [Phase.explicit, Phase.generate] + ([Phase.shrink] if shrink else [])
+    runner = settings(
+        max_examples=max_examples,
+        deadline=None,
+        database=None,
+        derandomize=True,
+        phases=phases,
+        report_multiple_bugs=False,
+        print_blob=False,
+        suppress_health_check=list(HealthCheck),
+    )(given(strategy)(body))
+    try:
+        runner()
+    except Flaky as exc:
+        # The failure did not repeat when hypothesis replayed the same input: report the
+        # original failure and say that the policy's answers vary.
+        inner = [e for e in getattr(exc, "exceptions", ()) if isinstance(e, PolicyCheckFailure)]
+        if not inner:
+            raise
+        first = inner[0]
+        raise PolicyCheckFailure(
+            first.check,
+            first.policy,
+            first.detail + " (the same input did not fail again when replayed, so the policy's "
+            "answers are not repeatable)",
+        ) from exc
+
+
+def _sequences(min_size: int = 1, only_hybrid: bool | None = None) -> Any:
+    from dynres.testkit.strategies import context_sequences
+
+    return context_sequences(min_size=min_size, max_size=8, only_hybrid=only_hybrid)
+
+
+def _sorted_json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, allow_nan=False, default=repr)
+
+
+# ---- The checks ----------------------------------------------------------------------------------
+
+
+def check_policy_api(policy: PolicySpec) -> None:
+    """The class passes dynres's API validation: name, Params model, method signatures, no hooks."""
+    subject = _subject(policy)
+    try:
+        validate_policy_class(subject.cls)
+    except PolicyValidationError as exc:
+        raise subject.fail("check_policy_api", f"the class does not satisfy the policy API: {exc}") from None
+
+
+def check_constructible_with_defaults(policy: PolicySpec) -> None:
+    """``Cls()``, ``Cls(None)`` and ``Cls({})`` all build a policy whose params equal ``Cls.Params()``."""
+    name = "check_constructible_with_defaults"
+    subject = _subject(policy)
+    cls = subject.cls
+    for args, shown in (((), "()"), ((None,), "(None)"), (({},), "({})")):
+        call = f"{cls.__qualname__}{shown}"
+        try:
+            built = cls(*args)
+        except Exception as exc:
+            raise subject.fail(
+                name, f"{call} raised {_exc(exc)}; a policy must build with no params, so give "
+                "every Params field a default"
+            ) from exc
+        params = getattr(built, "params", None)
+        if not isinstance(params, cls.Params):
+            raise subject.fail(
+                name, f"{call}.params is {params!r} ({type(params).__name__}); expected an "
+                f"instance of {cls.__qualname__}.Params (call super().__init__(params))"
+            )
+        try:
+            defaults = cls.Params()
+        except Exception as exc:
+            raise subject.fail(name, f"{cls.__qualname__}.Params() raised {_exc(exc)}") from exc
+        if params != defaults:
+            raise subject.fail(
+                name, f"{call}.params is {params!r}; expected the defaults {defaults!r}"
+            )
+
+
+def check_params_reject_unknown_keys(policy: PolicySpec) -> None:
+    """An unknown params key raises a dynres error (PolicyParamsError) that names the key."""
+    name = "check_params_reject_unknown_keys"
+    subject = _subject(policy)
+    known = subject.fresh(name).params.model_dump()
+    bad = {**known, UNKNOWN_PARAM: 1}
+    try:
+        built = subject.cls(bad)
+    except DynresError as exc:
+        if UNKNOWN_PARAM not in str(exc):
+            raise subject.fail(
+                name, f"the error for unknown param {UNKNOWN_PARAM!r} does not name it: {exc}"
+            ) from None
+        return
+    except Exception as exc:
+        raise subject.fail(
+            name, f"unknown param {UNKNOWN_PARAM!r} raised {_exc(exc)}; expected a "
+            "dynres.core.errors.PolicyParamsError naming the key (let Policy.__init__ validate)"
+        ) from exc
+    raise subject.fail(
+        name, f"{subject.cls.__qualname__}({{..., {UNKNOWN_PARAM!r}: 1}}) was accepted "
+        f"(params={getattr(built, 'params', None)!r}); expected PolicyParamsError, because a "
+        "typo in a config must not be ignored (keep extra='forbid' and pass params to "
+        "Policy.__init__ unfiltered)"
+    )
+
+
+_EXPECTED_TYPES = {
+    "should_deactivate": "bool",
+    "deactivate_wait_samples": "int",
+    "should_activate_after_step": "bool",
+    "should_rebalance": "bool",
+    "update_after_step": "None",
+}
+
+
+def _type_ok(method: str, value: Any) -> bool:
+    kind = _EXPECTED_TYPES[method]
+    if kind == "bool":
+        return type(value) is bool
+    if kind == "int":
+        return isinstance(value, int) and not isinstance(value, bool)
+    return value is None
+
+
+def check_decision_types(policy: PolicySpec, *, max_examples: int = EXAMPLES) -> None:
+    """Over generated runs, every method answers without raising and with its documented type."""
+    name = "check_decision_types"
+    subject = _subject(policy)
+
+    def body(contexts: list[ScheduleContext]) -> None:
+        pol = subject.fresh(name)
+        for ctx in contexts:
+            for method in POLICY_METHODS:
+                value = _call(subject, name, pol, method, ctx)
+                if not _type_ok(method, value):
+                    hint = {"bool": "wrap it in bool(...)", "int": "wrap it in int(...)", "None": "return None"}[
+                        _EXPECTED_TYPES[method]
+                    ]
+                    raise subject.fail(
+                        name, f"{method} returned {value!r} of type {type(value).__name__}; "
+                        f"expected {_EXPECTED_TYPES[method]} ({hint}). Context: {_show(ctx)}"
+                    )
+
+    _for_all(_sequences(), body, max_examples=max_examples)
+
+
+def check_wait_bounds(policy: PolicySpec, *, max_examples: int = EXAMPLES) -> None:
+    """``deactivate_wait_samples`` stays within ``[0, step_required_samples + buffer_samples]``."""
+    name = "check_wait_bounds"
+    subject = _subject(policy)
+
+    def body(contexts: list[ScheduleContext]) -> None:
+        pol = subject.fresh(name)
+        for ctx in contexts:
+            wait = _call(subject, name, pol, "deactivate_wait_samples", ctx)
+            # A wrong type is check_decision_types' finding; a number is still bounds-checked.
+            if isinstance(wait, (int, float)) and not isinstance(wait, bool):
+                limit = ctx.step_required_samples + ctx.buffer_samples
+                if not (0 <= wait <= limit):
+                    why = (
+                        "a negative wait is meaningless"
+                        if wait < 0
+                        else "the queue never holds more than a cycle's samples plus the "
+                        "staleness buffer, so the trainer would wait for samples that cannot come"
+                    )
+                    raise subject.fail(
+                        name, f"deactivate_wait_samples returned {wait!r}; expected a count in "
+                        f"[0, step_required_samples + buffer_samples] = [0, {limit}] ({why}). "
+                        f"Context: {_show(ctx)}"
+                    )
+            for method in ("should_activate_after_step", "update_after_step"):
+                _call(subject, name, pol, method, ctx)
+
+    _for_all(_sequences(), body, max_examples=max_examples)
+
+
+def check_deterministic(policy: PolicySpec, *, max_examples: int = EXAMPLES) -> None:
+    """Two copies in the same state (``copy.deepcopy``) give the same answers to the same context."""
+    name = "check_deterministic"
+    subject = _subject(policy)
+    found: list[PolicyCheckFailure] = []
+
+    def body(contexts: list[ScheduleContext]) -> None:
+        if found:
+            return
+        pol = subject.fresh(name)
+        for index, ctx in enumerate(contexts):
+            try:
+                twin = copy.deepcopy(pol)
+            except Exception as exc:
+                found.append(subject.fail(name, f"copy.deepcopy(policy) raised {_exc(exc)}"))
+                return
+            first = _cycle(subject, name, pol, ctx)
+            second = _cycle(subject, name, twin, ctx)
+            diff = _first_difference(first, second)
+            if diff:
+                method, x, y = diff
+                found.append(
+                    subject.fail(
+                        name, f"{method} answered {x!r} and then {y!r} for the same context "
+                        f"and equal state (a deepcopy, after {index} earlier cycles); decisions "
+                        "must depend only on the policy's state and the context (no clocks, "
+                        f"random numbers or globals). Context: {_show(ctx)}"
+                    )
+                )
+                return
+
+    # Record-then-raise instead of raising inside hypothesis: a random policy would not fail the
+    # same way on replay, and the first disagreement is already the clearest report.
+    _for_all(_sequences(), body, max_examples=max_examples, shrink=False)
+    if found:
+        raise found[0]
+
+
+def check_context_not_mutated(policy: PolicySpec, *, max_examples: int = EXAMPLES) -> None:
+    """No method changes the context it was given (the runtime hands the same object on)."""
+    name = "check_context_not_mutated"
+    subject = _subject(policy)
+
+    def body(contexts: list[ScheduleContext]) -> None:
+        pol = subject.fresh(name)
+        for ctx in contexts:
+            for method in POLICY_METHODS:
+                before = dict(ctx.__dict__)
+                _call(subject, name, pol, method, ctx)
+                after = dict(ctx.__dict__)
+                if before != after:
+                    changed = sorted(set(before) ^ set(after) | {k for k in before if k in after and before[k] != after[k]})
+                    shown = ", ".join(f"{k}: {before.get(k, '<absent>')!r} -> {after.get(k, '<absent>')!r}" for k in changed)
+                    raise subject.fail(
+                        name, f"{method} changed the context ({shown}); a policy must treat the "
+                        "context as read-only and keep its own state on self. Context before: "
+                        f"{_show(ScheduleContext.model_construct(**before))}"
+                    )
+
+    _for_all(_sequences(), body, max_examples=max_examples)
+
+
+def check_state_dict_json_round_trip(policy: PolicySpec, *, max_examples: int = EXAMPLES) -> None:
+    """``state_dict`` survives JSON and ``load_state_dict`` on a fresh instance; later answers match."""
+    name = "check_state_dict_json_round_trip"
+    subject = _subject(policy)
+
+    def body(contexts: list[ScheduleContext]) -> None:
+        split = max(1, len(contexts) // 2)
+        pol = subject.fresh(name)
+        for ctx in contexts[:split]:
+            _cycle(subject, name, pol, ctx)
+        try:
+            state = pol.state_dict()
+        except Exception as exc:
+            raise subject.fail(name, f"state_dict() raised {_exc(exc)}") from exc
+        if not isinstance(state, Mapping):
+            raise subject.fail(
+                name, f"state_dict() returned {type(state).__name__}; expected a dict of JSON data"
+            )
+        try:
+            text = json.dumps(state, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise subject.fail(
+                name, f"state_dict() after {split} cycles is not JSON-serialisable ({_exc(exc)}); "
+                f"state was {state!r}; convert deques/sets/tuples to lists and numpy numbers to "
+                "float/int, and keep numbers finite"
+            ) from None
+        restored = subject.cls(pol.params)
+        try:
+            restored.load_state_dict(json.loads(text))
+        except Exception as exc:
+            raise subject.fail(
+                name, f"load_state_dict(json.loads(json.dumps(state_dict()))) raised {_exc(exc)} "
+                f"on a fresh instance; state was {text}"
+            ) from exc
+        try:
+            again = _sorted_json(restored.state_dict())
+        except (TypeError, ValueError) as exc:
+            raise subject.fail(name, f"state_dict() of the restored policy raised {_exc(exc)}") from None
+        if again != _sorted_json(json.loads(text)):
+            raise subject.fail(
+                name, f"after load_state_dict the restored policy's state_dict() is {again}; "
+                f"expected what was saved, {text}"
+            )
+        for index, ctx in enumerate(contexts[split:]):
+            diff = _first_difference(_cycle(subject, name, pol, ctx), _cycle(subject, name, restored, ctx))
+            if diff:
+                method, x, y = diff
+                raise subject.fail(
+                    name, f"{method} answered {x!r} on the original policy but {y!r} on a fresh "
+                    f"instance restored from its state_dict ({text}), {index} cycles after the "
+                    "save; state_dict must hold everything the decisions depend on. Context: "
+                    f"{_show(ctx)}"
+                )
+
+    _for_all(_sequences(min_size=2), body, max_examples=max_examples)
+
+
+def check_only_hybrid_never_deadlocks(policy: PolicySpec, *, max_examples: int = EXAMPLES) -> None:
+    """With no standalone replicas and hybrid inactive, ``should_activate_after_step`` is True.
+
+    Nothing else could generate, so answering False would leave the trainer waiting forever.
+    Checked at every point of generated only-hybrid runs, whatever state the policy has built.
+    """
+    name = "check_only_hybrid_never_deadlocks"
+    subject = _subject(policy)
+
+    def body(contexts: list[ScheduleContext]) -> None:
+        pol = subject.fresh(name)
+        for ctx in contexts:
+            idle = ctx
+            if ctx.is_hybrid_active:
+                data = ctx.model_dump(exclude=set(_computed_fields()))
+                idle = ScheduleContext(**{**data, "is_hybrid_active": False, "num_active_replicas": 0})
+            answer = _call(subject, name, pol, "should_activate_after_step", idle)
+            if answer is not True:
+                raise subject.fail(
+                    name, f"should_activate_after_step returned {answer!r} in an only-hybrid "
+                    "cluster (num_standalone_replicas=0) with hybrid replicas inactive; expected "
+                    "True, since no replica would generate and training would deadlock (test "
+                    f"ctx.only_hybrid first). Context: {_show(idle)}"
+                )
+            _cycle(subject, name, pol, ctx)
+
+    _for_all(_sequences(only_hybrid=True), body, max_examples=max_examples)
+
+
+def check_picklable(policy: PolicySpec, *, max_examples: int = EXAMPLES // 2) -> None:
+    """A policy survives ``pickle`` (it may be shipped to a Ray actor) and then answers the same."""
+    name = "check_picklable"
+    subject = _subject(policy)
+
+    def body(contexts: list[ScheduleContext]) -> None:
+        split = max(1, len(contexts) // 2)
+        pol = subject.fresh(name)
+        for ctx in contexts[:split]:
+            _cycle(subject, name, pol, ctx)
+        try:
+            clone = pickle.loads(pickle.dumps(pol))
+        except Exception as exc:
+            raise subject.fail(
+                name, f"pickle round trip failed: {_exc(exc)}; a policy may be sent to another "
+                "process (a Ray actor), so keep lambdas, locks, open files and clients off self"
+            ) from None
+        for index, ctx in enumerate(contexts[split:]):
+            diff = _first_difference(_cycle(subject, name, pol, ctx), _cycle(subject, name, clone, ctx))
+            if diff:
+                method, x, y = diff
+                raise subject.fail(
+                    name, f"{method} answered {x!r} on the original but {y!r} on its pickled "
+                    f"copy, {index} cycles after the copy; pickling must keep the state the "
+                    f"decisions depend on. Context: {_show(ctx)}"
+                )
+
+    _for_all(_sequences(min_size=2), body, max_examples=max_examples)
+
+
+def check_decision_latency(
+    policy: PolicySpec,
+    *,
+    median_s: float = LATENCY_MEDIAN_S,
+    max_s: float = LATENCY_MAX_S,
+    calls: int = 200,
+) -> None:
+    """Each method's median call is under ``median_s`` and its slowest under ``max_s`` (perf_counter)."""
+    name = "check_decision_latency"
+    subject = _subject(policy)
+    contexts: list[ScheduleContext] = []
+
+    def gather(seq: list[ScheduleContext]) -> None:
+        contexts.extend(seq)
+
+    _for_all(_sequences(), gather, max_examples=max(1, calls // 4), shrink=False)
+    contexts = contexts[:calls]
+    pol = subject.fresh(name)
+    _cycle(subject, name, pol, contexts[0])  # warm-up: first calls pay for imports and caches
+    timings: dict[str, list[float]] = {m: [] for m in POLICY_METHODS}
+    # The collector's pauses belong to the test process, not to the policy.
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for ctx in contexts:
+            for method in POLICY_METHODS:
+                start = time.perf_counter()
+                _call(subject, name, pol, method, ctx)
+                timings[method].append(time.perf_counter() - start)
+    finally:
+        if was_enabled:
+            gc.enable()
+    for method, samples in timings.items():
+        median, worst = statistics.median(samples), max(samples)
+        if median > median_s or worst > max_s:
+            raise subject.fail(
+                name, f"{method} took a median {median * 1e3:.3f} ms and at most {worst * 1e3:.3f} "
+                f"ms over {len(samples)} calls; the budget is a median under {median_s * 1e3:g} ms "
+                f"and every call under {max_s * 1e3:g} ms, because the controller calls the "
+                "policy on the training loop's critical path (no I/O, no sleeping, no heavy "
+                "computation per call)"
+            )
+
+
+# ---- Collections of checks -----------------------------------------------------------------------
+
+_UNIT_CHECKS: tuple[Callable[..., None], ...] = (
+    check_policy_api,
+    check_constructible_with_defaults,
+    check_params_reject_unknown_keys,
+    check_decision_types,
+    check_wait_bounds,
+    check_deterministic,
+    check_context_not_mutated,
+    check_state_dict_json_round_trip,
+    check_only_hybrid_never_deadlocks,
+    check_picklable,
+    check_decision_latency,
+)
+
+
+def _e2e_checks() -> tuple[Callable[..., None], ...]:
+    return ()
+
+
+def all_checks(*, end_to_end: bool = True) -> tuple[Callable[..., None], ...]:
+    """Every check function, in the order they run (the end-to-end ones last)."""
+    return _UNIT_CHECKS + (_e2e_checks() if end_to_end else ())
+
+
+def yield_policy_checks(policy: PolicySpec, *, end_to_end: bool = True) -> Iterator[Callable[..., None]]:
+    """Yield the checks that apply to ``policy``, each a function taking the policy.
+
+    Every check applies to every policy; the end-to-end ones (which run the simulator) are left
+    out with ``end_to_end=False``, and report a skip when the simulator cannot be imported.
+    """
+    _subject(policy)  # fail early and clearly on a name that does not resolve
+    yield from all_checks(end_to_end=end_to_end)
+
+
+def _check_names(expected: Mapping[str, str] | None, checks: Iterable[Callable[..., None]]) -> dict[str, str]:
+    if not expected:
+        return {}
+    names = [c.__name__ for c in checks]
+    for key in expected:
+        if key not in names:
+            raise ConfigError(
+                f"expected_failed_checks names {key!r}, which is not a check"
+                f"{did_you_mean(key, names)}; checks: {', '.join(names)}"
+            )
+    return dict(expected)
+
+
+def check_policy(
+    policy: PolicySpec,
+    *,
+    expected_failed_checks: Mapping[str, str] | None = None,
+    on_fail: Literal["raise", "warn"] | None = "raise",
+    end_to_end: bool = True,
+) -> list[CheckResult]:
+    """Run every applicable check on ``policy`` without pytest and return one result per check.
+
+    ``expected_failed_checks`` maps a check name to the reason it is expected to fail; such a
+    check is reported as ``xfail`` (or ``xpass``, with a warning, when it passes). Other
+    failures raise one :class:`PolicyCheckFailure` listing all of them after every check has run
+    (``on_fail="raise"``), emit a :class:`PolicyCheckWarning` each (``"warn"``), or are only
+    returned (``None``).
+    """
+    if on_fail not in ("raise", "warn", None):
+        raise ConfigError(f"on_fail must be 'raise', 'warn' or None, not {on_fail!r}")
+    subject = _subject(policy)
+    checks = list(yield_policy_checks(policy, end_to_end=end_to_end))
+    expected = _check_names(expected_failed_checks, checks)
+    results: list[CheckResult] = []
+    for check in checks:
+        start = time.perf_counter()
+        status: Literal["passed", "failed", "xfail", "xpass", "skipped"]
+        message = ""
+        try:
+            check(policy)
+            status = "xpass" if check.__name__ in expected else "passed"
+        except CheckSkipped as exc:
+            status, message = "skipped", str(exc)
+        except PolicyCheckFailure as exc:
+            status, message = ("xfail" if check.__name__ in expected else "failed"), str(exc)
+        results.append(CheckResult(check.__name__, subject.label, status, message, time.perf_counter() - start))
+    for result in results:
+        if result.status == "xpass":
+            warnings.warn(
+                f"{result.check}[{result.policy}] passed although expected_failed_checks lists it "
+                f"({expected[result.check]!r}); remove it from the list",
+                PolicyCheckWarning,
+                stacklevel=2,
+            )
+    failed = [r for r in results if r.status == "failed"]
+    if failed and on_fail == "warn":
+        for result in failed:
+            warnings.warn(result.message, PolicyCheckWarning, stacklevel=2)
+    elif failed and on_fail == "raise":
+        lines = "\n".join(f"- {r.message}" for r in failed)
+        raise PolicyCheckFailure(
+            "check_policy",
+            subject.label,
+            f"{len(failed)} of {len(results)} checks failed:\n{lines}",
+        )
+    return results
+
+
+def parametrize_with_checks(
+    policies: Sequence[PolicySpec],
+    *,
+    expected_failed_checks: Callable[[PolicySpec], Mapping[str, str] | None] | Mapping[str, str] | None = None,
+    end_to_end: bool = True,
+) -> Any:
+    """A ``pytest.mark.parametrize("policy, check", ...)`` over every check of every policy.
+
+    Test ids read ``check_name[policy]``. ``expected_failed_checks`` (a mapping, or a function of
+    the policy returning one) marks checks as ``xfail`` with the given reason. Use it as::
+
+        @parametrize_with_checks([MyPolicy])
+        def test_conformance(policy, check):
+            check(policy)
+    """
+    import pytest
+
+    params = []
+    for policy in policies:
+        label = _subject(policy).label
+        checks = list(yield_policy_checks(policy, end_to_end=end_to_end))
+        raw = expected_failed_checks(policy) if callable(expected_failed_checks) else expected_failed_checks
+        expected = _check_names(raw, checks)
+        for check in checks:
+            marks = []
+            if check.__name__ in expected:
+                marks.append(pytest.mark.xfail(reason=expected[check.__name__], raises=PolicyCheckFailure))
+            params.append(pytest.param(policy, check, id=f"{check.__name__}[{label}]", marks=marks))
+    return pytest.mark.parametrize("policy, check", params)

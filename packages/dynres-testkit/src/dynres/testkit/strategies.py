@@ -1,0 +1,235 @@
+"""Hypothesis strategies for `ScheduleContext`, and a ready-made sample context.
+
+Every context these strategies produce is one the runtime could really hand to a policy: the
+fields agree with each other the way the controller computes them (``expected_samples`` is
+``step_required_samples x global_steps``, the queue holds the surplus, the active-replica count
+follows ``is_hybrid_active``, the wait lists have one entry per collection of the latest cycle,
+and nothing is reported for a cycle that has not happened yet). Policy authors can use them in
+their own property tests::
+
+    from hypothesis import given
+    from dynres.testkit.strategies import schedule_contexts
+
+    @given(schedule_contexts(only_hybrid=True, is_hybrid_active=False))
+    def test_colocated_never_stalls(ctx):
+        assert MyPolicy().should_activate_after_step(ctx) is True
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import strategies as st
+
+from dynres.core.context import ScheduleContext
+
+__all__ = [
+    "context_sequences",
+    "sample_context",
+    "schedule_contexts",
+]
+
+# Upper bounds keep the numbers in the range real runs produce; values far beyond them only make
+# failures harder to read without exercising different code in a policy.
+MAX_REQUIRED_SAMPLES = 1024
+MAX_TRIGGER = 8
+MAX_REPLICAS = 64
+MAX_GLOBAL_STEPS = 5000
+MAX_SECONDS = 3600.0
+MAX_RATE = 1000.0
+
+_seconds = st.floats(min_value=0.001, max_value=MAX_SECONDS, allow_nan=False, allow_infinity=False)
+_rates = st.floats(min_value=0.001, max_value=MAX_RATE, allow_nan=False, allow_infinity=False)
+
+
+def _maybe_zero(strategy: st.SearchStrategy[float]) -> st.SearchStrategy[float]:
+    # 0 means "not measured yet" for every duration and rate field, so it gets its own branch.
+    return st.one_of(st.just(0.0), strategy)
+
+
+@st.composite
+def _cluster(
+    draw: st.DrawFn, only_hybrid: bool | None, is_hybrid_active: bool | None
+) -> dict[str, Any]:
+    """Draw the facts that stay fixed during a run: batch shape and replica counts."""
+    if only_hybrid is None:
+        only_hybrid = draw(st.booleans())
+    if only_hybrid:
+        standalone = 0
+        hybrid = draw(st.integers(1, MAX_REPLICAS))
+    else:
+        standalone = draw(st.integers(1, MAX_REPLICAS))
+        # A cluster without hybrid replicas (dynamic scheduling off) is valid too.
+        hybrid = draw(st.integers(0 if is_hybrid_active is not True else 1, MAX_REPLICAS))
+    return {
+        "required_samples": draw(st.integers(1, MAX_REQUIRED_SAMPLES)),
+        "trigger_parameter_sync_step": draw(st.integers(1, MAX_TRIGGER)),
+        "staleness_threshold": draw(
+            st.one_of(st.just(0.0), st.floats(0.0, 1.0, allow_nan=False), st.sampled_from([0.1, 0.5]))
+        ),
+        "num_standalone_replicas": standalone,
+        "num_hybrid_replicas": hybrid,
+    }
+
+
+@st.composite
+def _cycle_state(
+    draw: st.DrawFn,
+    cluster: dict[str, Any],
+    global_steps: int,
+    is_hybrid_active: bool | None,
+    total_generated_floor: int = 0,
+) -> ScheduleContext:
+    """Draw the per-cycle numbers for ``cluster`` at ``global_steps`` and build the context."""
+    required = cluster["required_samples"]
+    trigger = cluster["trigger_parameter_sync_step"]
+    step_required = required * trigger
+    buffer = int(step_required * cluster["staleness_threshold"])
+    standalone, hybrid = cluster["num_standalone_replicas"], cluster["num_hybrid_replicas"]
+    expected = step_required * global_steps
+
+    if is_hybrid_active is None:
+        active = hybrid > 0 and draw(st.booleans())
+    else:
+        active = is_hybrid_active and hybrid > 0
+    num_active = standalone + (hybrid if active else 0)
+
+    # Production can lag the trainer (negative surplus, the trainer waits) or run ahead of it by
+    # at most one cycle plus the staleness buffer (the rollouter stops there).
+    low = max(total_generated_floor, 0)
+    high = max(low, expected + step_required + buffer)
+    total_generated = draw(st.integers(low, high))
+    surplus = total_generated - expected
+    # Stale samples may have been dropped, so the queue holds at most the surplus.
+    queue_size = draw(st.integers(0, max(0, surplus)))
+    in_flight = draw(st.integers(0, num_active * 32)) if num_active else 0
+
+    if global_steps == 0:
+        # Nothing has been measured before the first cycle ends.
+        wait_samples: tuple[int, ...] = ()
+        wait_times: tuple[float, ...] = ()
+        activate_s = deactivate_s = 0.0
+        gen_rate = cons_rate = train_s = cycle_s = 0.0
+    else:
+        wait_samples = tuple(draw(st.lists(st.integers(0, required), min_size=trigger, max_size=trigger)))
+        # A collection waits a positive time exactly when it had samples to wait for.
+        wait_times = tuple(draw(_seconds) if n > 0 else 0.0 for n in wait_samples)
+        activate_s = draw(_maybe_zero(st.floats(0.001, 600.0, allow_nan=False)))
+        deactivate_s = draw(_maybe_zero(st.floats(0.001, 600.0, allow_nan=False)))
+        gen_rate = draw(_maybe_zero(_rates))
+        cons_rate = draw(_maybe_zero(_rates))
+        train_s = draw(_maybe_zero(_seconds))
+        cycle_s = train_s + sum(wait_times) + draw(_maybe_zero(_seconds))
+    now = draw(st.floats(0.0, 10.0 * MAX_SECONDS, allow_nan=False)) + global_steps * cycle_s
+
+    return ScheduleContext(
+        global_steps=global_steps,
+        now=now,
+        required_samples=required,
+        trigger_parameter_sync_step=trigger,
+        staleness_threshold=cluster["staleness_threshold"],
+        total_generated_samples=total_generated,
+        expected_samples=expected,
+        queue_size=queue_size,
+        in_flight_samples=in_flight,
+        step_wait_times=wait_times,
+        step_wait_samples=wait_samples,
+        is_hybrid_active=active,
+        num_standalone_replicas=standalone,
+        num_hybrid_replicas=hybrid,
+        num_active_replicas=num_active,
+        last_activate_duration_s=activate_s,
+        last_deactivate_duration_s=deactivate_s,
+        generation_rate=gen_rate,
+        consumption_rate=cons_rate,
+        last_train_time_s=train_s,
+        last_cycle_time_s=cycle_s,
+    )
+
+
+def schedule_contexts(
+    *,
+    only_hybrid: bool | None = None,
+    is_hybrid_active: bool | None = None,
+    first_cycle: bool | None = None,
+) -> st.SearchStrategy[ScheduleContext]:
+    """Strategy for valid, self-consistent ScheduleContexts; pin a property with a keyword.
+
+    ``only_hybrid`` fixes whether the cluster has standalone replicas, ``is_hybrid_active``
+    whether hybrid replicas are generating (True implies at least one hybrid replica),
+    ``first_cycle`` whether the context is from before the first weight sync (``global_steps=0``).
+    ``None`` lets the strategy choose.
+    """
+    if first_cycle is None:
+        steps = st.one_of(st.just(0), st.integers(1, 10), st.integers(1, MAX_GLOBAL_STEPS))
+    elif first_cycle:
+        steps = st.just(0)
+    else:
+        steps = st.integers(1, MAX_GLOBAL_STEPS)
+    return st.tuples(_cluster(only_hybrid, is_hybrid_active), steps).flatmap(
+        lambda pair: _cycle_state(pair[0], pair[1], is_hybrid_active)
+    )
+
+
+@st.composite
+def context_sequences(
+    draw: st.DrawFn,
+    *,
+    min_size: int = 1,
+    max_size: int = 8,
+    only_hybrid: bool | None = None,
+) -> list[ScheduleContext]:
+    """Strategy for the contexts of consecutive sync cycles of one run (same cluster, steps +1).
+
+    ``total_generated_samples`` never decreases and ``global_steps`` counts up from a drawn start,
+    so a stateful policy sees a plausible history. Use it to drive ``update_after_step``.
+    """
+    cluster = draw(_cluster(only_hybrid, None))
+    start = draw(st.one_of(st.just(0), st.integers(0, 50)))
+    size = draw(st.integers(min_size, max_size))
+    contexts: list[ScheduleContext] = []
+    generated = 0
+    for offset in range(size):
+        ctx = draw(_cycle_state(cluster, start + offset, None, total_generated_floor=generated))
+        generated = ctx.total_generated_samples
+        contexts.append(ctx)
+    return contexts
+
+
+def sample_context(**overrides: Any) -> ScheduleContext:
+    """A plausible mid-run context (8 standalone + 8 hybrid replicas, step 3); override any field.
+
+    The numbers describe a cycle in which the trainer waited for samples and hybrid replicas are
+    generating. Derived fields (``expected_samples``, ``num_active_replicas``) follow overrides of
+    the fields they are derived from unless given explicitly.
+    """
+    values: dict[str, Any] = {
+        "global_steps": 3,
+        "now": 1260.0,
+        "required_samples": 32,
+        "trigger_parameter_sync_step": 4,
+        "staleness_threshold": 0.1,
+        "queue_size": 6,
+        "in_flight_samples": 120,
+        "step_wait_times": (42.0, 0.0, 18.5, 7.25),
+        "step_wait_samples": (20, 0, 9, 3),
+        "is_hybrid_active": True,
+        "num_standalone_replicas": 8,
+        "num_hybrid_replicas": 8,
+        "last_activate_duration_s": 6.5,
+        "last_deactivate_duration_s": 4.0,
+        "generation_rate": 0.31,
+        "consumption_rate": 1.6,
+        "last_train_time_s": 80.0,
+        "last_cycle_time_s": 420.0,
+    }
+    values.update(overrides)
+    step_required = values["required_samples"] * values["trigger_parameter_sync_step"]
+    values.setdefault("expected_samples", step_required * values["global_steps"])
+    values.setdefault("total_generated_samples", values["expected_samples"] + values["queue_size"])
+    hybrid_on = values["is_hybrid_active"]
+    values.setdefault(
+        "num_active_replicas",
+        values["num_standalone_replicas"] + (values["num_hybrid_replicas"] if hybrid_on else 0),
+    )
+    return ScheduleContext(**values)
