@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 from importlib.metadata import entry_points
 from typing import Any
@@ -10,7 +11,7 @@ import pluggy
 
 from dynres.core import hookspecs
 from dynres.core.context import ScheduleContext
-from dynres.core.errors import PluginError
+from dynres.core.errors import PluginError, did_you_mean
 from dynres.core.hookspecs import PROJECT_NAME, hookimpl
 from dynres.core.policy import Policy, validate_policy_class
 
@@ -66,18 +67,57 @@ def register_plugin(
     """Register ``plugin`` and validate it; raise PluginError naming it on an unknown hook or bad signature."""
     where = f" from {origin}" if origin else ""
     label = name or getattr(plugin, "__name__", repr(plugin))
+    # pluggy ignores undecorated functions, so a hook written without @hookimpl would silently
+    # never run; the dynres_ prefix is reserved for hooks, so treat it as a mistake.
+    undecorated = sorted(
+        attr
+        for attr in dir(plugin)
+        if attr.startswith("dynres_")
+        and callable(getattr(plugin, attr, None))
+        and pm.parse_hookimpl_opts(plugin, attr) is None
+    )
+    if undecorated:
+        raise PluginError(
+            f"plugin {label!r}{where} defines {undecorated[0]!r} without @dynres.core.hookimpl, "
+            "so it would never be called; decorate it, or rename it if it is not a hook"
+        )
     try:
         pm.register(plugin, name=name)
         pm.check_pending()
     except pluggy.PluginValidationError as exc:
         if pm.is_registered(plugin):
             pm.unregister(plugin)
+        # pluggy's message spans lines; dynres errors are printed as one line by the CLI.
+        detail = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
         raise PluginError(
-            f"plugin {label!r}{where} is invalid: {exc}; hooks are listed in "
-            "dynres.core.hookspecs"
+            f"plugin {label!r}{where} is invalid: {detail}{_validation_hint(pm, plugin)}; hooks "
+            "are listed in dynres.core.hookspecs"
         ) from None
     except ValueError as exc:  # pluggy: name already registered
         raise PluginError(f"plugin {label!r}{where} could not be registered: {exc}") from None
+
+
+def _validation_hint(pm: pluggy.PluginManager, plugin: object) -> str:
+    known = hookspecs.DECISION_HOOKS + hookspecs.OBSERVER_HOOKS
+    for attr in dir(plugin):
+        opts = pm.parse_hookimpl_opts(plugin, attr)
+        if opts is None:
+            continue
+        hook_name = opts.get("specname") or attr
+        if hook_name not in known:
+            return did_you_mean(hook_name, known)
+        spec_args = getattr(pm.hook, hook_name).spec.argnames
+        try:
+            impl_args = inspect.signature(getattr(plugin, attr)).parameters
+        except (TypeError, ValueError):
+            continue
+        if any(a not in spec_args for a in impl_args):
+            return f" ({hook_name} accepts any of: {', '.join(spec_args)})"
+    return ""
+
+
+POLICY_PLUGIN_PREFIX = "dynres-policy:"
+"""Name prefix under which BoundPolicy registers a policy on a plugin manager."""
 
 
 class _PolicyHookImpls:
@@ -120,7 +160,15 @@ class BoundPolicy:
         validate_policy_class(type(policy))
         self.policy = policy
         self.pm = pm if pm is not None else get_plugin_manager()
-        self.pm.register(_PolicyHookImpls(policy), name=f"dynres-policy:{policy.name}")
+        # Two policies on one manager would both answer the decision hooks, the later one
+        # shadowing the earlier without a word; one manager carries exactly one policy.
+        bound = [n for n, _ in self.pm.list_name_plugin() if n and n.startswith(POLICY_PLUGIN_PREFIX)]
+        if bound:
+            raise PluginError(
+                f"cannot bind policy {policy.name!r}: this plugin manager already carries "
+                f"{bound[0]!r}; build a fresh manager with get_plugin_manager() for each policy"
+            )
+        self.pm.register(_PolicyHookImpls(policy), name=POLICY_PLUGIN_PREFIX + policy.name)
 
     @property
     def name(self) -> str:
