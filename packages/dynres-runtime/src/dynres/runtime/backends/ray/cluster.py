@@ -1,0 +1,345 @@
+"""Connecting to Ray, reserving resources with placement groups, and starting the actors.
+
+Placement mirrors the two node pools of a :class:`~dynres.core.config.DynresConfig`:
+
+* every trainer node gets one placement group of ``trainer.n_gpus_per_node`` bundles
+  (``STRICT_PACK``: one node). The train engine actor takes ``trainer_share`` of bundle 0 of
+  the first group; hybrid replica ``h`` takes the rest of the bundle at slot ``h * tp``, so a
+  hybrid replica is always on the same node and the same accelerator as the trainer's memory it
+  borrows;
+* every rollout node gets one group of ``rollout.n_gpus_per_node`` bundles; standalone replica
+  ``s`` takes the whole bundle at slot ``s * tp``.
+
+A *slot* is one accelerator (``{"GPU": 1, "CPU": ...}`` on GPUs; on a CPU-only machine a
+fraction of a core, optionally tagged with a custom resource so tests can steer a pool onto
+chosen nodes of a ``ray.cluster_utils.Cluster``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import Field, field_validator, model_validator
+
+from dynres.core.config import DynresConfig, StrictModel
+from dynres.core.errors import BackendError, BackendTimeoutError
+from dynres.runtime.backends.protocols import ReplicaKind
+from dynres.runtime.backends.ray._ray import remote_class, require_ray
+from dynres.runtime.backends.ray.actors import ActorInfo, ReplicaActor, TrainEngineActor
+from dynres.runtime.backends.ray.factory import Factory
+from dynres.runtime.backends.ray.proxies import RayReplica, RayTrainEngine
+
+
+class RayClusterConfig(StrictModel):
+    """The ``cluster`` section: where Ray runs and what one accelerator slot reserves."""
+
+    address: str | None = Field(
+        None,
+        description="Ray address to join ('auto', 'host:port', 'ray://...'); null starts a local Ray.",
+    )
+    num_cpus: int | None = Field(
+        None, ge=1, description="CPUs of a local Ray (null: all of the machine); ignored with an address."
+    )
+    temp_dir: str | None = Field(
+        None, description="Session directory of a local Ray (null: Ray's default /tmp/ray)."
+    )
+    namespace: str = Field("dynres", min_length=1, description="Ray namespace of the run's actors.")
+    slot: dict[str, float] = Field(
+        default_factory=lambda: {"CPU": 1.0},
+        description="Resources of one accelerator slot, e.g. {GPU: 1, CPU: 4}; CPU-only: {CPU: 0.5}.",
+    )
+    trainer_slot: dict[str, float] | None = Field(
+        None, description="Slot of the trainer pool (null: `slot`)."
+    )
+    standalone_slot: dict[str, float] | None = Field(
+        None, description="Slot of the rollout pool (null: `slot`)."
+    )
+    trainer_share: float = Field(
+        0.5,
+        gt=0.0,
+        lt=1.0,
+        description="Fraction of a trainer slot the train engine takes; a hybrid replica takes the rest.",
+    )
+    env_vars: dict[str, str] = Field(
+        default_factory=dict, description="Environment variables of every actor (runtime_env)."
+    )
+    placement_timeout_s: float = Field(
+        120.0, gt=0, description="Wait for placement groups at most this long (seconds)."
+    )
+    start_timeout_s: float = Field(
+        600.0, gt=0, description="Wait for engines to build at most this long (seconds)."
+    )
+    shutdown_timeout_s: float = Field(
+        30.0, gt=0, description="Wait for each engine's shutdown at most this long (seconds)."
+    )
+    lag_interval_s: float = Field(
+        0.01, gt=0, description="Tick of the event-loop lag monitor in every actor (seconds)."
+    )
+    log_to_driver: bool = Field(False, description="Stream actor stdout/stderr to the driver.")
+
+    @field_validator("slot", "trainer_slot", "standalone_slot")
+    @classmethod
+    def _non_negative(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        if value is not None:
+            bad = [k for k, v in value.items() if v < 0]
+            if bad:
+                raise ValueError(f"slot resources must be >= 0; negative: {', '.join(bad)}")
+            if not any(v > 0 for v in value.values()):
+                # An empty slot would let Ray stack every engine onto one process slot.
+                raise ValueError("a slot must reserve some resource, e.g. {CPU: 0.5}")
+        return value
+
+
+def _scaled(resources: Mapping[str, float], share: float) -> dict[str, Any]:
+    """Actor options asking for ``share`` of a slot (num_cpus / num_gpus / custom resources)."""
+    res = {k: v * share for k, v in resources.items() if v > 0}
+    return {
+        "num_cpus": res.pop("CPU", 0.0),
+        "num_gpus": res.pop("GPU", 0.0),
+        "memory": res.pop("memory", None),
+        "resources": res,
+    }
+
+
+@dataclass
+class RaySystem:
+    """Everything a run placed on Ray: the proxies plus the handles needed to tear it down."""
+
+    standalone: list[RayReplica] = field(default_factory=list)
+    """Standalone replicas, on the rollout pool's bundles."""
+    hybrid: list[RayReplica] = field(default_factory=list)
+    """Hybrid replicas, on the trainer pool's bundles."""
+    trainer: RayTrainEngine | None = None
+    """The train engine."""
+    placement_groups: list[Any] = field(default_factory=list)
+    """Placement groups to remove at shutdown."""
+    start_s: float = 0.0
+    """Wall time from placement to every engine built (seconds)."""
+
+    @property
+    def replicas(self) -> list[RayReplica]:
+        """All replicas, standalone first."""
+        return [*self.standalone, *self.hybrid]
+
+
+class RayCluster:
+    """Owns the connection to Ray for one run: connect, place, start actors, tear everything down."""
+
+    def __init__(self, config: RayClusterConfig | None = None) -> None:
+        """Prepare (nothing is started until :meth:`connect`)."""
+        self.config = config or RayClusterConfig()
+        self.started_ray = False
+        """True when :meth:`connect` started a local Ray (so :meth:`disconnect` stops it)."""
+        self.system = RaySystem()
+        self._extra_actors: list[Any] = []
+
+    # -- connection (synchronous: call these outside the event loop) ---------------------------
+    def connect(self) -> None:
+        """Start a local Ray or join ``address``; a Ray already initialised in this process is reused.
+
+        ``ray.init`` blocks for seconds, so it is called before the run's event loop starts.
+        """
+        ray = require_ray()
+        if ray.is_initialized():
+            return
+        cfg = self.config
+        kwargs: dict[str, Any] = {
+            "namespace": cfg.namespace,
+            "log_to_driver": cfg.log_to_driver,
+            "include_dashboard": False,
+            "configure_logging": True,
+            "logging_level": logging.WARNING,
+        }
+        if cfg.env_vars:
+            kwargs["runtime_env"] = {"env_vars": dict(cfg.env_vars)}
+        if cfg.address is None:
+            kwargs["num_cpus"] = cfg.num_cpus
+            if cfg.temp_dir:
+                kwargs["_temp_dir"] = cfg.temp_dir
+        else:
+            kwargs["address"] = cfg.address
+        try:
+            ray.init(**kwargs)
+        except ConnectionError as exc:
+            raise BackendError(
+                f"cannot reach the Ray cluster at cluster.address={cfg.address!r} ({exc}); "
+                "start it with `ray start --head` or set cluster.address to null for a local Ray"
+            ) from None
+        self.started_ray = cfg.address is None
+
+    def disconnect(self) -> None:
+        """Disconnect from Ray; a local Ray started by :meth:`connect` is stopped with it."""
+        ray = require_ray()
+        if ray.is_initialized():
+            ray.shutdown()
+
+    # -- placement and actors (async) ------------------------------------------------------------
+    async def start(
+        self,
+        dyn: DynresConfig,
+        *,
+        standalone: Factory | None,
+        hybrid: Factory | None,
+        trainer: Factory,
+    ) -> RaySystem:
+        """Reserve bundles for both pools and start every engine concurrently; return the proxies.
+
+        ``standalone`` / ``hybrid`` build one replica each (called with ``replica_id`` and
+        ``kind``); ``trainer`` builds the train engine. Raises BackendTimeoutError naming what
+        is missing when the cluster cannot host the placement in ``placement_timeout_s``.
+        """
+        ray = require_ray()
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        cfg = self.config
+        t0 = time.perf_counter()
+        tp = dyn.actor_rollout_ref.rollout.tensor_model_parallel_size
+        trainer_slot = cfg.trainer_slot or cfg.slot
+        rollout_slot = cfg.standalone_slot or cfg.slot
+        sys_ = self.system
+
+        def groups(nnodes: int, per_node: int, slot: Mapping[str, float], pool: str) -> list[Any]:
+            out = []
+            for i in range(nnodes):
+                pg = placement_group(
+                    [dict(slot) for _ in range(per_node)], strategy="STRICT_PACK", name=f"dynres-{pool}-{i}"
+                )
+                sys_.placement_groups.append(pg)
+                out.append(pg)
+            return out
+
+        trainer_pgs = groups(dyn.trainer.nnodes, dyn.trainer.n_gpus_per_node, trainer_slot, "trainer")
+        rollout_pgs = groups(dyn.rollout.nnodes, dyn.rollout.n_gpus_per_node, rollout_slot, "rollout")
+        try:
+            await asyncio.wait_for(
+                asyncio.gather(*(pg.ready() for pg in sys_.placement_groups)), cfg.placement_timeout_s
+            )
+        except TimeoutError:
+            avail = ray.available_resources()
+            raise BackendTimeoutError(
+                f"placement groups not ready after {cfg.placement_timeout_s:.0f}s: asked for "
+                f"{dyn.trainer.nnodes} trainer node(s) x {dyn.trainer.n_gpus_per_node} slot(s) of "
+                f"{trainer_slot} and {dyn.rollout.nnodes} rollout node(s) x "
+                f"{dyn.rollout.n_gpus_per_node} slot(s) of {rollout_slot}, but the cluster has "
+                f"{avail} free; lower the slot resources or add nodes"
+            ) from None
+
+        def strategy(pgs: list[Any], per_node: int, slot_index: int) -> Any:
+            return PlacementGroupSchedulingStrategy(
+                placement_group=pgs[slot_index // per_node],
+                placement_group_bundle_index=slot_index % per_node,
+                placement_group_capture_child_tasks=True,
+            )
+
+        def options(slot: Mapping[str, float], share: float, strat: Any, name: str) -> dict[str, Any]:
+            opts = {k: v for k, v in _scaled(slot, share).items() if v not in (None, {})}
+            # No restarts: a replica that dies comes back empty and with stale weights, so the
+            # run treats it as lost instead of silently routing to it again.
+            return {**opts, "scheduling_strategy": strat, "max_restarts": 0, "name": name,
+                    "max_concurrency": 10_000}
+
+        share = cfg.trainer_share
+        lag = cfg.lag_interval_s
+        trainer_actor = (
+            remote_class(TrainEngineActor)
+            .options(**options(trainer_slot, share, strategy(trainer_pgs, dyn.trainer.n_gpus_per_node, 0), "dynres-trainer"))
+            .remote(trainer, lag)
+        )
+        standalone_actors = []
+        if standalone is not None:
+            for s in range(dyn.num_standalone_replicas):
+                rid = f"standalone-{s}"
+                strat = strategy(rollout_pgs, dyn.rollout.n_gpus_per_node, s * tp)
+                handle = remote_class(ReplicaActor).options(**options(rollout_slot, 1.0, strat, f"dynres-{rid}"))
+                standalone_actors.append((rid, handle.remote(rid, ReplicaKind.STANDALONE.value, standalone, lag)))
+        hybrid_actors = []
+        if hybrid is not None:
+            for h in range(dyn.num_hybrid_replicas):
+                rid = f"hybrid-{h}"
+                strat = strategy(trainer_pgs, dyn.trainer.n_gpus_per_node, h * tp)
+                handle = remote_class(ReplicaActor).options(**options(trainer_slot, 1.0 - share, strat, f"dynres-{rid}"))
+                hybrid_actors.append((rid, handle.remote(rid, ReplicaKind.HYBRID.value, hybrid, lag)))
+
+        sys_.trainer = RayTrainEngine(trainer_actor)
+        sys_.standalone = [RayReplica(rid, ReplicaKind.STANDALONE, h) for rid, h in standalone_actors]
+        sys_.hybrid = [RayReplica(rid, ReplicaKind.HYBRID, h) for rid, h in hybrid_actors]
+        proxies: list[Any] = [sys_.trainer, *sys_.standalone, *sys_.hybrid]
+        try:
+            infos: list[ActorInfo] = await asyncio.wait_for(
+                asyncio.gather(*(p._call("start") for p in proxies)), cfg.start_timeout_s
+            )
+        except TimeoutError:
+            raise BackendTimeoutError(
+                f"engines not started after cluster.start_timeout_s={cfg.start_timeout_s:.0f}s; "
+                "raise it or check the actor logs (cluster.log_to_driver: true)"
+            ) from None
+        for proxy, info in zip(proxies, infos, strict=True):
+            proxy._info = info
+        sys_.start_s = time.perf_counter() - t0
+        return sys_
+
+    def spawn(self, cls: type, *args: Any, node_id: str | None = None, **options: Any) -> Any:
+        """Start an extra actor of ``cls`` (e.g. the coordinator), pinned to ``node_id`` when given.
+
+        Node affinity is soft: if that node is gone Ray places the actor anywhere rather than
+        failing the run.
+        """
+        if node_id is not None:
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=node_id, soft=True)
+        options.setdefault("num_cpus", 0)
+        options.setdefault("max_concurrency", 10_000)
+        handle = remote_class(cls).options(**options).remote(*args)
+        self._extra_actors.append(handle)
+        return handle
+
+    async def shutdown(self) -> list[str]:
+        """Shut every engine down (each with a timeout), kill the actors, free the placement groups.
+
+        Returns one line per engine that did not shut down cleanly (empty when all did).
+        """
+        ray = require_ray()
+        if not ray.is_initialized():
+            return []
+        from ray.util.placement_group import remove_placement_group
+
+        sys_ = self.system
+        proxies: list[Any] = [*sys_.replicas, *([sys_.trainer] if sys_.trainer else [])]
+        timeout = self.config.shutdown_timeout_s
+
+        async def one(p: Any) -> str | None:
+            try:
+                await asyncio.wait_for(p.shutdown(), timeout)
+                return None
+            except BaseException as exc:  # noqa: BLE001 - reported, never re-raised at teardown
+                p.kill()
+                if isinstance(exc, asyncio.CancelledError):
+                    raise
+                return f"{p!r}: {type(exc).__name__}: {exc}"
+
+        problems = [m for m in await asyncio.gather(*(one(p) for p in proxies)) if m]
+        for handle in self._extra_actors:
+            try:
+                ray.kill(handle, no_restart=True)
+            except Exception:  # already gone
+                pass
+        for pg in sys_.placement_groups:
+            try:
+                remove_placement_group(pg)
+            except Exception:  # cluster already shutting down
+                pass
+        self._extra_actors.clear()
+        sys_.placement_groups.clear()
+        return problems
+
+
+def driver_node_id() -> str:
+    """Ray node id of this (driver) process."""
+    return require_ray().get_runtime_context().get_node_id()

@@ -1,0 +1,192 @@
+"""Driver-side proxies: the Replica and TrainEngine protocols, served by Ray actors.
+
+Every method is ``await handle.method.remote(...)``: awaiting an ``ObjectRef`` suspends the
+calling coroutine instead of blocking the loop the way ``ray.get`` would. A dead actor (crashed
+engine, lost node) surfaces as a :class:`BackendError` naming the replica and its node, which the
+balancer treats as "retry this request elsewhere"; ``health()`` then reports it unhealthy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+from dynres.core.errors import BackendError, DynresError
+from dynres.runtime.backends.protocols import (
+    GenerationRequest,
+    GenerationResult,
+    OperationCosts,
+    ReplicaHealth,
+    ReplicaKind,
+    TrainStepResult,
+    WeightUpdate,
+)
+from dynres.runtime.backends.ray._ray import is_actor_lost, require_ray
+from dynres.runtime.backends.ray.actors import ActorInfo
+from dynres.runtime.backends.ray.monitor import LoopLag
+
+
+class _ActorProxy:
+    """Common call path: await a remote method, translate Ray's failures into dynres errors."""
+
+    def __init__(self, name: str, handle: Any, info: ActorInfo | None) -> None:
+        self._name = name
+        self._handle = handle
+        self._info = info
+        self.lost_reason: str | None = None
+        """Why the actor is gone (None while it is alive, as far as this proxy knows)."""
+
+    @property
+    def handle(self) -> Any:
+        """The Ray actor handle."""
+        return self._handle
+
+    @property
+    def node_id(self) -> str:
+        """Ray node id the actor was placed on ("" before start)."""
+        return self._info.node_id if self._info else ""
+
+    def _where(self) -> str:
+        return f"{self._name!r} on node {self.node_id[:12] or '?'}"
+
+    async def _call(self, method: str, *args: Any) -> Any:
+        ray = require_ray()
+        ref = getattr(self._handle, method).remote(*args)
+        try:
+            return await ref
+        except asyncio.CancelledError:
+            # Our caller gave up (deactivation, Ctrl-C): stop the remote coroutine as well so it
+            # does not keep generating for nobody. ray.cancel only sends a request; it never blocks.
+            ray.cancel(ref)
+            raise
+        except Exception as exc:
+            if is_actor_lost(exc):
+                self.lost_reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                raise BackendError(
+                    f"actor {self._where()} is lost during {method}() ({self.lost_reason}); "
+                    "its node or process died, so its work is retried on the other replicas"
+                ) from exc
+            cause = getattr(exc, "cause", None)
+            if isinstance(exc, ray.exceptions.RayTaskError) and isinstance(cause, DynresError):
+                raise cause from exc  # keep the hosted object's own one-line message
+            raise
+
+    async def loop_lag(self, reset: bool = False) -> LoopLag:
+        """The actor's worst event-loop gap since its last reset."""
+        return await self._call("loop_lag", reset)
+
+    def kill(self) -> None:
+        """Kill the actor now (no restart); a no-op for an actor that is already gone."""
+        try:
+            require_ray().kill(self._handle, no_restart=True)
+        except Exception:  # already dead or cluster gone: nothing left to free
+            pass
+
+
+class RayReplica(_ActorProxy):
+    """A :class:`~dynres.runtime.backends.protocols.Replica` whose engine lives in a Ray actor."""
+
+    def __init__(self, replica_id: str, kind: ReplicaKind, handle: Any, info: ActorInfo | None = None) -> None:
+        """Wrap a started ReplicaActor handle; ``info`` is what its ``start()`` returned."""
+        super().__init__(replica_id, handle, info)
+        self.replica_id = replica_id
+        self.kind = ReplicaKind(kind)
+
+    def __repr__(self) -> str:
+        """Short description with id, kind and node."""
+        return f"RayReplica({self.replica_id!r}, {self.kind.value}, node={self.node_id[:12]})"
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        """Generate in the actor; raise BackendError when the actor is lost."""
+        return await self._call("generate", request)
+
+    async def abort(self, request_ids: Sequence[str] | None = None) -> list[str]:
+        """Abort in the actor; a lost actor has nothing left to abort (returns [])."""
+        try:
+            return await self._call("abort", list(request_ids) if request_ids is not None else None)
+        except BackendError:
+            if self.lost_reason is not None:
+                return []
+            raise
+
+    async def pause(self) -> None:
+        """Pause generation in the actor."""
+        await self._call("pause")
+
+    async def resume(self) -> None:
+        """Resume generation in the actor."""
+        await self._call("resume")
+
+    async def sleep(self, level: int = 1) -> None:
+        """Put the engine to sleep (release KV cache, offload weights)."""
+        await self._call("sleep", level)
+
+    async def wake_up(self, tags: Sequence[str] | None = None) -> None:
+        """Wake the engine up."""
+        await self._call("wake_up", list(tags) if tags is not None else None)
+
+    async def update_weights(self, update: WeightUpdate) -> None:
+        """Send a weight update (an object-store payload is fetched by the actor itself)."""
+        await self._call("update_weights", update)
+
+    async def health(self) -> ReplicaHealth:
+        """The actor's health; a lost actor is reported unhealthy instead of raising."""
+        try:
+            return await self._call("health")
+        except BackendError as exc:
+            if self.lost_reason is None:
+                raise
+            return ReplicaHealth(healthy=False, detail=str(exc))
+
+    def costs(self) -> OperationCosts:
+        """Cost estimates the engine reported at start (cached; this call is synchronous)."""
+        return self._info.costs if self._info else OperationCosts()
+
+    async def shutdown(self) -> None:
+        """Shut the engine down, then kill the actor."""
+        try:
+            if self.lost_reason is None:
+                await self._call("shutdown")
+        finally:
+            self.kill()
+
+
+class RayTrainEngine(_ActorProxy):
+    """A :class:`~dynres.runtime.backends.protocols.TrainEngine` living in a Ray actor."""
+
+    def __init__(self, handle: Any, info: ActorInfo | None = None) -> None:
+        """Wrap a started TrainEngineActor handle."""
+        super().__init__("trainer", handle, info)
+
+    def __repr__(self) -> str:
+        """Short description with the node."""
+        return f"RayTrainEngine(node={self.node_id[:12]})"
+
+    async def train_step(self, batch: Sequence[Any]) -> TrainStepResult:
+        """Run a fit step in the actor."""
+        return await self._call("train_step", list(batch))
+
+    async def offload(self) -> None:
+        """Offload the trainer's memory."""
+        await self._call("offload")
+
+    async def onload(self) -> None:
+        """Onload the trainer's memory."""
+        await self._call("onload")
+
+    async def export_weights(self) -> WeightUpdate:
+        """Export weights; the payload stays in the object store (an ObjectRef)."""
+        return await self._call("export_weights")
+
+    def costs(self) -> OperationCosts:
+        """Cost estimates the engine reported at start (cached)."""
+        return self._info.costs if self._info else OperationCosts()
+
+    async def shutdown(self) -> None:
+        """Shut the engine down, then kill the actor."""
+        try:
+            if self.lost_reason is None:
+                await self._call("shutdown")
+        finally:
+            self.kill()
