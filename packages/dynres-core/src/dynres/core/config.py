@@ -30,7 +30,8 @@ M = TypeVar("M", bound=BaseModel)
 class StrictModel(BaseModel):
     """Base of every config model: unknown keys are errors, values are validated on assignment."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # inf would pass every lower bound and later overflow int() in buffer sizes; nan fails late.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class AsyncTrainingConfig(StrictModel):
