@@ -51,6 +51,10 @@ class PluginError(DynresError):
     """A plugin from the ``dynres.plugins`` group failed to load or validate."""
 
 
+class MetricsError(DynresError, ValueError):
+    """Recorded numbers handed to a metric formula are inconsistent (lengths, time order)."""
+
+
 class RuntimeStateError(DynresError, RuntimeError):
     """An operation was requested in a controller or queue state that does not allow it."""
 

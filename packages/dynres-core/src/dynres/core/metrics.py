@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from dynres.core.errors import MetricsError
+
 PREFIX = "dynamic_resource/"
 TRAIN_UTILIZATION = PREFIX + "train_resource_utilization"
 """Key: sum(train compute) / sum(train allocated) over the cycle (fraction)."""
@@ -54,7 +56,10 @@ def train_compute_time(phase_times: Mapping[str, float]) -> float:
 def train_resource_utilization(compute_s: Sequence[float], allocated_s: Sequence[float]) -> float:
     """sum(compute) / sum(allocated) over a cycle's micro-steps (fraction; 0.0 when nothing allocated)."""
     if len(compute_s) != len(allocated_s):
-        raise ValueError("compute_s and allocated_s need one entry per micro-step")
+        raise MetricsError(
+            f"train_resource_utilization: compute_s has {len(compute_s)} entries but allocated_s "
+            f"has {len(allocated_s)}; record one of each per micro-step"
+        )
     alloc = float(sum(allocated_s))
     return float(sum(compute_s)) / alloc if alloc > 0 else 0.0
 
@@ -87,7 +92,10 @@ def rollout_resource_utilization(points: Sequence[RolloutPoint], end_t: float) -
         t_next = points[k + 1].t if k + 1 < len(points) else end_t
         dt = t_next - p.t
         if dt < 0:
-            raise ValueError(f"rollout points must be in time order up to end_t; got {p.t} then {t_next}")
+            raise MetricsError(
+                f"rollout_resource_utilization: rollout points must be in time order and end by "
+                f"end_t; got t={p.t} followed by {t_next}; sort the points and pass the cycle's end"
+            )
         if p.capacity <= 0 or dt == 0:
             continue
         used += dt * min(p.capacity, max(0, p.active))
