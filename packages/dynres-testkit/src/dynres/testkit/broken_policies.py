@@ -1,0 +1,259 @@
+"""Deliberately broken policies: each one breaks the property of exactly one conformance check.
+
+They prove that every check can fail (a check that cannot fail tests nothing) and show, by
+example, the mistakes the checks exist to catch. Most are plausible bugs rather than sabotage.
+They are not registered as entry points; name one as ``dynres.testkit.broken_policies:Class``::
+
+    pytest --dynres-policy dynres.testkit.broken_policies:QueueFloorPolicy
+
+:data:`BROKEN_POLICIES` maps each check name to the policies that must fail it and the text its
+failure message must contain.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import deque
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import Field
+
+from dynres.core import Policy, ScheduleContext
+
+
+class _Sound(Policy):
+    """A small correct policy the broken ones start from: activate when the queue runs behind."""
+
+    name = "sound"
+
+    def should_deactivate(self, ctx: ScheduleContext) -> bool:
+        """Deactivate whenever hybrid replicas are active."""
+        return ctx.is_hybrid_active
+
+    def deactivate_wait_samples(self, ctx: ScheduleContext) -> int:
+        """Hand the GPUs back at once."""
+        return 0
+
+    def should_activate_after_step(self, ctx: ScheduleContext) -> bool:
+        """Activate when nothing else generates or when production lags the trainer."""
+        return ctx.only_hybrid or ctx.surplus_samples < 0
+
+
+class MisnamedPolicy(_Sound):
+    """Breaks check_policy_api: its name is not lower_snake_case, so no entry point can match it."""
+
+    name = "Misnamed-Policy"
+
+
+class RequiredParamPolicy(_Sound):
+    """Breaks check_constructible_with_defaults: a param without a default (pass an instance)."""
+
+    name = "required_param"
+
+    class Params(Policy.Params):
+        """A tunable the author forgot to give a default."""
+
+        threshold: float = Field(..., ge=0.0, description="fraction of a cycle's samples")
+
+
+class IgnoresUnknownParamsPolicy(_Sound):
+    """Breaks check_params_reject_unknown_keys: it drops keys it does not know, so typos pass."""
+
+    name = "ignores_unknown_params"
+
+    class Params(Policy.Params):
+        """One real tunable."""
+
+        floor: float = Field(0.5, ge=0.0, le=1.0, description="fraction of a cycle's samples")
+
+    def __init__(self, params: Mapping[str, Any] | None = None) -> None:
+        """Keep only the known keys (the bug)."""
+        known = {k: v for k, v in dict(params or {}).items() if k in self.Params.model_fields}
+        super().__init__(known)
+
+
+class IntInsteadOfBoolPolicy(_Sound):
+    """Breaks check_decision_types: ``a and b`` returns the int 0 when the cluster has no hybrid replica."""
+
+    name = "int_instead_of_bool"
+
+    def should_deactivate(self, ctx: ScheduleContext) -> bool:
+        """Deactivate when there are active hybrid replicas (returns ``0`` when there are none)."""
+        return ctx.num_hybrid_replicas and ctx.is_hybrid_active  # type: ignore[return-value]
+
+
+class NegativeWaitPolicy(_Sound):
+    """Breaks check_wait_bounds: waits for the collection's shortfall, negative when the queue is full."""
+
+    name = "negative_wait"
+
+    def deactivate_wait_samples(self, ctx: ScheduleContext) -> int:
+        """Samples still missing for one collection (forgets to clamp at 0)."""
+        return ctx.required_samples - ctx.queue_size
+
+
+class UnboundedWaitPolicy(_Sound):
+    """Breaks check_wait_bounds: confuses expected_samples (grows all run) with a cycle's samples."""
+
+    name = "unbounded_wait"
+
+    def deactivate_wait_samples(self, ctx: ScheduleContext) -> int:
+        """Half of everything the trainer ever needed (should have been step_required_samples)."""
+        return ctx.expected_samples // 2
+
+
+class CoinFlipPolicy(_Sound):
+    """Breaks check_deterministic: explores at random with the process-global RNG.
+
+    Its answers cannot survive a save/restore or a pickle round trip either, so it also fails
+    check_state_dict_json_round_trip and check_picklable: determinism is their precondition.
+    """
+
+    name = "coin_flip"
+
+    class Params(Policy.Params):
+        """Exploration rate."""
+
+        epsilon: float = Field(0.5, ge=0.0, le=1.0, description="chance of activating anyway")
+
+    def should_activate_after_step(self, ctx: ScheduleContext) -> bool:
+        """Activate when behind, or at random with probability epsilon."""
+        return ctx.only_hybrid or ctx.surplus_samples < 0 or random.random() < self.params.epsilon
+
+
+class MutatesContextPolicy(_Sound):
+    """Breaks check_context_not_mutated: memoises a value on the (frozen) context by the back door."""
+
+    name = "mutates_context"
+
+    def should_activate_after_step(self, ctx: ScheduleContext) -> bool:
+        """Compute the gap once per context and cache it on the context (the bug)."""
+        gap = ctx.__dict__.setdefault("_gap", -ctx.surplus_samples)
+        return ctx.only_hybrid or gap > 0
+
+
+class ForgetfulPolicy(_Sound):
+    """Breaks check_state_dict_json_round_trip: counts cycles but does not save the count."""
+
+    name = "forgetful"
+
+    class Params(Policy.Params):
+        """Warm-up length."""
+
+        warmup_cycles: int = Field(1, ge=0, description="cycles during which it always activates")
+
+    def __init__(self, params: Mapping[str, Any] | None = None) -> None:
+        """Start at cycle 0."""
+        super().__init__(params)
+        self.cycles = 0
+
+    def should_activate_after_step(self, ctx: ScheduleContext) -> bool:
+        """Always activate during warm-up, then only when behind."""
+        return ctx.only_hybrid or self.cycles < self.params.warmup_cycles or ctx.surplus_samples < 0
+
+    def update_after_step(self, ctx: ScheduleContext) -> None:
+        """Count the cycle (state_dict is left as the base class's empty dict: the bug)."""
+        self.cycles += 1
+
+
+class DequeStatePolicy(_Sound):
+    """Breaks check_state_dict_json_round_trip: returns a deque from state_dict, which JSON rejects."""
+
+    name = "deque_state"
+
+    def __init__(self, params: Mapping[str, Any] | None = None) -> None:
+        """Start with no history."""
+        super().__init__(params)
+        self.recent: deque[int] = deque(maxlen=3)
+
+    def update_after_step(self, ctx: ScheduleContext) -> None:
+        """Remember the latest surpluses."""
+        self.recent.append(ctx.surplus_samples)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The history, as the deque itself (the bug: should be a list)."""
+        return {"recent": self.recent}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore the history."""
+        self.recent = deque(state["recent"], maxlen=3)
+
+
+class QueueFloorPolicy(Policy):
+    """Breaks check_only_hybrid_never_deadlocks: the QueueFloor sketch without its only-hybrid guard.
+
+    With no standalone replica and a big enough surplus it answers False after a weight sync, so
+    nothing would generate the next cycle's samples.
+    """
+
+    name = "queue_floor_unguarded"
+
+    class Params(Policy.Params):
+        """Floor of the queue."""
+
+        floor: float = Field(0.5, ge=0.0, le=1.0, description="fraction of a cycle's samples")
+
+    def should_deactivate(self, ctx: ScheduleContext) -> bool:
+        """Deactivate whenever hybrid replicas are active."""
+        return ctx.is_hybrid_active
+
+    def deactivate_wait_samples(self, ctx: ScheduleContext) -> int:
+        """Wait until the queue holds ``floor`` of a cycle's samples."""
+        return int(self.params.floor * ctx.step_required_samples)
+
+    def should_activate_after_step(self, ctx: ScheduleContext) -> bool:
+        """Activate while the surplus is below the floor (never asks whether anything else generates)."""
+        surplus = ctx.total_generated_samples - ctx.expected_samples
+        return surplus < self.params.floor * ctx.step_required_samples
+
+
+class LambdaAttributePolicy(_Sound):
+    """Breaks check_picklable: keeps a lambda on self, which pickle cannot serialise."""
+
+    name = "lambda_attribute"
+
+    def __init__(self, params: Mapping[str, Any] | None = None) -> None:
+        """Store the scoring function as a lambda (the bug)."""
+        super().__init__(params)
+        self.score = lambda ctx: -ctx.surplus_samples
+
+    def should_activate_after_step(self, ctx: ScheduleContext) -> bool:
+        """Activate when the score is positive."""
+        return ctx.only_hybrid or self.score(ctx) > 0
+
+
+class SlowPolicy(_Sound):
+    """Breaks check_decision_latency: sleeps 3 ms per activation decision (stands in for I/O)."""
+
+    name = "slow"
+
+    def should_activate_after_step(self, ctx: ScheduleContext) -> bool:
+        """Ask a "remote service" (a sleep) before answering."""
+        time.sleep(0.003)
+        return super().should_activate_after_step(ctx)
+
+
+BROKEN_POLICIES: dict[str, list[tuple[Any, str]]] = {
+    "check_policy_api": [(MisnamedPolicy, "name='Misnamed-Policy'")],
+    "check_constructible_with_defaults": [
+        (RequiredParamPolicy({"threshold": 0.5}), "RequiredParamPolicy() raised PolicyParamsError"),
+    ],
+    "check_params_reject_unknown_keys": [(IgnoresUnknownParamsPolicy, "was accepted")],
+    "check_decision_types": [(IntInsteadOfBoolPolicy, "should_deactivate returned 0 of type int; expected bool")],
+    "check_wait_bounds": [
+        (NegativeWaitPolicy, "deactivate_wait_samples returned -"),
+        (UnboundedWaitPolicy, "the queue never holds more than a cycle's samples"),
+    ],
+    "check_deterministic": [(CoinFlipPolicy, "for the same context and equal state")],
+    "check_context_not_mutated": [(MutatesContextPolicy, "should_activate_after_step changed the context (_gap")],
+    "check_state_dict_json_round_trip": [
+        (ForgetfulPolicy, "on a fresh instance restored from its state_dict"),
+        (DequeStatePolicy, "is not JSON-serialisable"),
+    ],
+    "check_only_hybrid_never_deadlocks": [(QueueFloorPolicy, "should_activate_after_step returned False in an only-hybrid")],
+    "check_picklable": [(LambdaAttributePolicy, "pickle round trip failed")],
+    "check_decision_latency": [(SlowPolicy, "should_activate_after_step took a median")],
+}
+"""Check name -> [(policy that must fail it, text its failure message must contain)]."""
