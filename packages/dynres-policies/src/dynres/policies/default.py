@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from dynres.core import Policy, ScheduleContext
 from dynres.core.errors import PolicyValidationError
@@ -44,6 +45,10 @@ class DefaultPolicy(Policy):
 
     class Params(Policy.Params):
         """Tunables of the default policy."""
+
+        # An infinite fallback cost or sample time would turn the gate into NaN comparisons and
+        # make state_dict() emit non-standard JSON.
+        model_config = ConfigDict(allow_inf_nan=False)
 
         deactivate_ratio: float = Field(
             0.3, ge=0.0, le=1.0, description="Starting ratio (fraction of a cycle's samples)."
@@ -161,11 +166,25 @@ class DefaultPolicy(Policy):
                 f"policy 'default': state keys {sorted(state)} do not match {sorted(expected)}; "
                 "pass what state_dict() returned"
             )
-        ratio = float(state["ratio"])
+        try:
+            ratio = float(state["ratio"])
+            costs = [float(c) for c in state["switch_costs"]]
+            per_sample = float(state["per_sample_time_s"])
+        except (TypeError, ValueError) as exc:
+            raise PolicyValidationError(
+                f"policy 'default': state values must be numbers (switch_costs a list of them): "
+                f"{exc}; pass what state_dict() returned"
+            ) from None
         if not 0.0 <= ratio <= 1.0:
             raise PolicyValidationError(f"policy 'default': state ratio {ratio} is outside [0, 1]")
+        if not all(math.isfinite(c) and c >= 0 for c in costs):
+            raise PolicyValidationError(
+                f"policy 'default': state switch_costs {costs} must be finite seconds >= 0"
+            )
+        if not (math.isfinite(per_sample) and per_sample > 0):
+            raise PolicyValidationError(
+                f"policy 'default': state per_sample_time_s {per_sample} must be finite seconds > 0"
+            )
         self.ratio = ratio
-        self.switch_costs = deque(
-            (float(c) for c in state["switch_costs"]), maxlen=self.params.switch_cost_window
-        )
-        self.per_sample_time_s = float(state["per_sample_time_s"])
+        self.switch_costs = deque(costs, maxlen=self.params.switch_cost_window)
+        self.per_sample_time_s = per_sample
