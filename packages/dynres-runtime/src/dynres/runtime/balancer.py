@@ -1,0 +1,485 @@
+"""Load balancer: least in-flight routing, sticky sessions, runtime add/remove, abort-and-retry.
+
+Routing picks the replica with the fewest requests in flight, breaking ties at random with a
+seeded RNG. Replicas are kept in buckets indexed by their in-flight count, with a pointer to the
+lowest non-empty bucket, so a routing decision and a release are O(1) amortized whatever the
+number of requests in flight (the pointer only moves by one on a route; removing a replica may
+scan the buckets, which is rare).
+
+A request whose id was routed before goes back to the same replica while that replica stays
+registered (sticky session, so a resumed request finds its prefix cache). Sticky entries live
+in a bounded LRU; an entry names the replica's *registration epoch*, so removing a replica
+invalidates all of its entries at once without scanning them.
+
+:meth:`LoadBalancer.generate` is the retry loop: when a replica returns ``finish_reason="abort"``
+(deactivation, rebalance) or dies, the request is routed again and, with partial rollout on,
+continues from the tokens it already has; with partial rollout off it restarts from scratch.
+A request is never running on two replicas at once and completes exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from dynres.core.errors import BackendError, ReplicaUnavailableError, RuntimeStateError
+from dynres.runtime.backends.protocols import GenerationRequest, GenerationResult, Replica
+
+logger = logging.getLogger("dynres.runtime.balancer")
+
+
+@dataclass
+class BalancerCounters:
+    """What happened to requests in the balancer (counts since creation)."""
+
+    routed: int = 0
+    """Routing decisions made (first attempts and retries)."""
+    completed: int = 0
+    """Requests that finished (stop or length) and were returned to their caller."""
+    aborted: int = 0
+    """Attempts that ended with an abort and were retried (or parked when draining)."""
+    resumed: int = 0
+    """Retries that continued from partial output (partial rollout on, partial output > 0)."""
+    restarted: int = 0
+    """Retries that started from scratch (partial rollout off, or nothing generated yet)."""
+    evicted: int = 0
+    """Attempts cancelled because their replica stopped answering (retried elsewhere)."""
+    replica_failures: int = 0
+    """Attempts that failed because their replica raised a BackendError (retried elsewhere)."""
+    parked: int = 0
+    """Requests returned unfinished (with partial output) because the balancer was draining."""
+    duplicates: int = 0
+    """Requests that completed more than once (must stay 0)."""
+    rebalanced: int = 0
+    """Requests moved by rebalances."""
+
+
+class LoadBalancer:
+    """Routes generation requests to registered replicas; retries aborted requests elsewhere."""
+
+    def __init__(
+        self,
+        *,
+        seed: int = 0,
+        sticky_capacity: int = 100_000,
+        partial_rollout: bool = True,
+        max_failed_attempts: int = 8,
+        on_change: Callable[[], None] | None = None,
+        on_replica_failure: Callable[[str, BaseException], None] | None = None,
+    ) -> None:
+        """Create an empty balancer.
+
+        :param seed: seed of the tie-break RNG (same seed, same routing).
+        :param sticky_capacity: most sticky entries kept (count; least recently used go first).
+        :param partial_rollout: resume aborted requests from their partial output.
+        :param max_failed_attempts: replica failures one request may hit before its error is
+            raised to the caller (count; aborts do not count).
+        :param on_change: called after every add/remove (the rollouter recomputes its capacity).
+        :param on_replica_failure: called with (replica_id, error) when a replica raises during
+            generation; the balancer has already removed it from routing.
+        """
+        if sticky_capacity < 0:
+            raise ValueError(f"sticky_capacity must be >= 0, got {sticky_capacity}")
+        self.partial_rollout = partial_rollout
+        """Resume aborted requests from their partial output (else restart from scratch)."""
+        self.sticky_capacity = sticky_capacity
+        """Most sticky entries kept (count)."""
+        self.max_failed_attempts = max_failed_attempts
+        """Replica failures one request may hit before the error reaches the caller (count)."""
+        self.counters = BalancerCounters()
+        """Request counters."""
+        self._on_change = on_change
+        self._on_replica_failure = on_replica_failure
+        self._rng = random.Random(seed)
+        self._replicas: dict[str, Replica] = {}
+        self._epoch: dict[str, int] = {}
+        self._next_epoch = 0
+        self._count: dict[str, int] = {}
+        # _buckets[c] lists the replicas with c requests in flight; _pos[r] is r's index in it.
+        self._buckets: list[list[str]] = [[]]
+        self._pos: dict[str, int] = {}
+        self._min = 0
+        # request id -> replica id for every attempt running now (removed replicas included).
+        self._running: dict[str, str] = {}
+        # replica id -> its running request ids, oldest first (dict keeps insertion order).
+        self._by_replica: dict[str, dict[str, None]] = {}
+        self._sticky: OrderedDict[str, tuple[str, int]] = OrderedDict()
+        self._tasks: dict[str, asyncio.Task[object]] = {}
+        self._evicting: set[str] = set()
+        self._completed: set[str] = set()
+        self._available: asyncio.Event | None = None
+        self._idle_waiters: dict[str, list[asyncio.Future[None]]] = {}
+        self._all_idle_waiters: list[asyncio.Future[None]] = []
+        self._draining = False
+
+    # ---- Membership -------------------------------------------------------------------------
+
+    def add_replica(self, replica: Replica) -> None:
+        """Make ``replica`` routable (it starts with 0 in flight); raise if its id is registered."""
+        rid = replica.replica_id
+        if rid in self._replicas:
+            raise RuntimeStateError(
+                f"replica {rid!r} is already registered in the load balancer; remove it first"
+            )
+        self._replicas[rid] = replica
+        self._next_epoch += 1
+        self._epoch[rid] = self._next_epoch
+        self._count[rid] = 0
+        self._bucket_add(rid, 0)
+        self._min = 0
+        self._by_replica.setdefault(rid, {})
+        self._event().set()
+        logger.debug("replica %s added to routing", rid)
+        if self._on_change is not None:
+            self._on_change()
+
+    def remove_replica(self, replica_id: str) -> list[str]:
+        """Stop routing to ``replica_id``; return the ids of requests still running on it.
+
+        Its sticky entries become invalid at once. The running requests are not touched: the
+        caller aborts them (they are then retried elsewhere) or calls :meth:`evict`.
+        """
+        if replica_id not in self._replicas:
+            raise RuntimeStateError(
+                f"replica {replica_id!r} is not registered in the load balancer; "
+                f"registered: {sorted(self._replicas) or '(none)'}"
+            )
+        c = self._count.pop(replica_id)
+        self._bucket_remove(replica_id, c)
+        del self._replicas[replica_id]
+        del self._epoch[replica_id]
+        if not self._replicas:
+            self._min = 0
+            self._event().clear()
+        elif c == self._min and not self._buckets[c]:
+            self._min = self._lowest_bucket(c)
+        logger.debug("replica %s removed from routing (%d requests running on it)", replica_id, c)
+        if self._on_change is not None:
+            self._on_change()
+        return list(self._by_replica.get(replica_id, ()))
+
+    def has_replica(self, replica_id: str) -> bool:
+        """True while ``replica_id`` is routable."""
+        return replica_id in self._replicas
+
+    @property
+    def replica_ids(self) -> list[str]:
+        """Ids of the routable replicas."""
+        return list(self._replicas)
+
+    @property
+    def num_replicas(self) -> int:
+        """Routable replicas (count)."""
+        return len(self._replicas)
+
+    def replica(self, replica_id: str) -> Replica:
+        """The routable replica with this id."""
+        return self._replicas[replica_id]
+
+    # ---- Routing (synchronous, O(1) amortized) -------------------------------------------
+
+    def route(self, request_id: str) -> Replica:
+        """Pick a replica for ``request_id`` and count the request on it until :meth:`release`.
+
+        Sticky replica first (while registered), else the least loaded with a random tie-break.
+        """
+        if request_id in self._running:
+            raise RuntimeStateError(
+                f"request {request_id!r} is already running on replica "
+                f"{self._running[request_id]!r}; release it before routing it again"
+            )
+        if not self._replicas:
+            raise ReplicaUnavailableError(
+                f"no replica is routable for request {request_id!r}; add a replica first"
+            )
+        rid = None
+        sticky = self._sticky.get(request_id)
+        if sticky is not None:
+            if self._epoch.get(sticky[0]) == sticky[1]:
+                rid = sticky[0]
+                self._sticky.move_to_end(request_id)
+            else:
+                del self._sticky[request_id]
+        if rid is None:
+            bucket = self._buckets[self._min]
+            rid = bucket[int(self._rng.random() * len(bucket))] if len(bucket) > 1 else bucket[0]
+            if self.sticky_capacity:
+                self._sticky[request_id] = (rid, self._epoch[rid])
+                if len(self._sticky) > self.sticky_capacity:
+                    self._sticky.popitem(last=False)
+        c = self._count[rid]
+        self._bucket_remove(rid, c)
+        self._bucket_add(rid, c + 1)
+        self._count[rid] = c + 1
+        if c == self._min and not self._buckets[c]:
+            self._min = c + 1
+        self._running[request_id] = rid
+        self._by_replica[rid][request_id] = None
+        self.counters.routed += 1
+        return self._replicas[rid]
+
+    def release(self, request_id: str) -> None:
+        """The attempt of ``request_id`` ended: stop counting it on its replica."""
+        rid = self._running.pop(request_id)
+        running = self._by_replica.get(rid)
+        if running is not None:
+            running.pop(request_id, None)
+            if not running:
+                if rid not in self._replicas:
+                    del self._by_replica[rid]
+                waiters = self._idle_waiters.pop(rid, None)
+                if waiters:
+                    for fut in waiters:
+                        if not fut.done():
+                            fut.set_result(None)
+        if not self._running and self._all_idle_waiters:
+            for fut in self._all_idle_waiters:
+                if not fut.done():
+                    fut.set_result(None)
+            self._all_idle_waiters = []
+        c = self._count.get(rid)
+        if c is None:  # the replica was removed while the request ran
+            return
+        if c <= 0:
+            raise RuntimeStateError(f"in-flight count of replica {rid!r} would go negative")
+        self._bucket_remove(rid, c)
+        self._bucket_add(rid, c - 1)
+        self._count[rid] = c - 1
+        if c - 1 < self._min:
+            self._min = c - 1
+
+    def in_flight(self, replica_id: str) -> int:
+        """Requests running on ``replica_id`` now (count; removed replicas included)."""
+        return len(self._by_replica.get(replica_id, ()))
+
+    def in_flight_counts(self) -> dict[str, int]:
+        """Routable replica id -> requests counted on it (count)."""
+        return dict(self._count)
+
+    @property
+    def total_in_flight(self) -> int:
+        """Attempts running on any replica now (count)."""
+        return len(self._running)
+
+    def running_on(self, replica_id: str) -> list[str]:
+        """Ids of the requests running on ``replica_id``, oldest first."""
+        return list(self._by_replica.get(replica_id, ()))
+
+    async def wait_idle(self, replica_id: str) -> None:
+        """Wait until no request attempt is running on ``replica_id`` (e.g. after an abort)."""
+        if not self._by_replica.get(replica_id):
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._idle_waiters.setdefault(replica_id, []).append(fut)
+        await fut
+
+    async def wait_all_idle(self) -> None:
+        """Wait until no request attempt runs on any replica (requests waiting for one don't count)."""
+        if not self._running:
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._all_idle_waiters.append(fut)
+        await fut
+
+    def sticky_replica(self, request_id: str) -> str | None:
+        """The replica ``request_id`` would stick to, or None (no entry, or its replica left)."""
+        entry = self._sticky.get(request_id)
+        if entry is None or self._epoch.get(entry[0]) != entry[1]:
+            return None
+        return entry[0]
+
+    def forget_sticky(self, request_ids: Iterable[str]) -> None:
+        """Drop the sticky entries of ``request_ids`` (they route by load next time)."""
+        for req in request_ids:
+            self._sticky.pop(req, None)
+
+    # ---- Generation with retry ------------------------------------------------------------
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        """Generate ``request`` to completion on some replica, retrying aborts elsewhere.
+
+        Waits while no replica is routable. Returns an aborted result (with all partial output)
+        only when the balancer is draining (end of run); raises the replica's BackendError after
+        ``max_failed_attempts`` replica failures of this request.
+        """
+        req = request
+        failures = 0
+        task = asyncio.current_task()
+        while True:
+            while not self._replicas and not self._draining:
+                await self._event().wait()
+            if self._draining:
+                self.counters.parked += 1
+                return _parked(req)
+            replica = self.route(req.request_id)
+            if task is not None:
+                self._tasks[req.request_id] = task
+            try:
+                result = await replica.generate(req)
+            except asyncio.CancelledError:
+                if req.request_id not in self._evicting or task is None or task.cancelling() > 1:
+                    raise
+                # The controller gave up on this replica: retry with the output we had before.
+                task.uncancel()
+                self.counters.evicted += 1
+                result = _parked(req, replica.replica_id)
+            except BackendError as exc:
+                failures += 1
+                self.counters.replica_failures += 1
+                self._fail_replica(replica.replica_id, exc)
+                if failures >= self.max_failed_attempts:
+                    raise
+                result = _parked(req, replica.replica_id)
+            finally:
+                self._evicting.discard(req.request_id)
+                self._tasks.pop(req.request_id, None)
+                self.release(req.request_id)
+            if not result.aborted:
+                if req.request_id in self._completed:
+                    self.counters.duplicates += 1
+                self._completed.add(req.request_id)
+                self.counters.completed += 1
+                return result
+            self.counters.aborted += 1
+            req = self._retry_request(req, result)
+
+    def _retry_request(self, req: GenerationRequest, result: GenerationResult) -> GenerationRequest:
+        if self.partial_rollout and len(result.token_ids) > 0:
+            self.counters.resumed += 1
+            return req.resumed(result.token_ids, result.logprobs)
+        self.counters.restarted += 1
+        if len(req.partial_token_ids) == 0:
+            return req
+        return req.resumed((), ())
+
+    def evict(self, replica_id: str) -> int:
+        """Cancel the attempts still running on ``replica_id`` (it stopped answering); return how many.
+
+        Each is retried elsewhere from the partial output it had before that attempt. The replica
+        must already be out of routing.
+        """
+        if replica_id in self._replicas:
+            raise RuntimeStateError(
+                f"evict({replica_id!r}): remove the replica from routing before evicting its requests"
+            )
+        n = 0
+        for req in list(self._by_replica.get(replica_id, ())):
+            task = self._tasks.get(req)
+            if task is not None and req not in self._evicting:
+                self._evicting.add(req)
+                task.cancel()
+                n += 1
+        return n
+
+    def _fail_replica(self, replica_id: str, exc: BaseException) -> None:
+        logger.warning("replica %s failed during generation: %s; removed from routing", replica_id, exc)
+        if replica_id in self._replicas:
+            self.remove_replica(replica_id)
+            if self._on_replica_failure is not None:
+                self._on_replica_failure(replica_id, exc)
+
+    # ---- Rebalance and draining ----------------------------------------------------------
+
+    def plan_rebalance(self) -> dict[str, list[str]]:
+        """Pick the requests to move so that every routable replica ends near the mean load.
+
+        Returns replica id -> request ids to abort on it. Only replicas above
+        ``ceil(total / replicas)`` give requests away, their most recently started first (they
+        have the least output to re-prefill). The picked requests lose their sticky entries so
+        their retries go to the least loaded replicas (the new ones). Nothing else is touched.
+        """
+        n = len(self._replicas)
+        if n == 0:
+            return {}
+        total = sum(self._count.values())
+        target = -(-total // n)
+        plan: dict[str, list[str]] = {}
+        for rid, c in self._count.items():
+            if c > target:
+                running = list(self._by_replica.get(rid, ()))
+                plan[rid] = running[len(running) - (c - target) :]
+                self.forget_sticky(plan[rid])
+        self.counters.rebalanced += sum(len(v) for v in plan.values())
+        return plan
+
+    def start_draining(self) -> None:
+        """Stop retrying: from now on aborted or waiting requests return with their partial output."""
+        self._draining = True
+        self._event().set()
+
+    @property
+    def draining(self) -> bool:
+        """True after :meth:`start_draining` (end of run)."""
+        return self._draining
+
+    # ---- Internals ------------------------------------------------------------------------
+
+    def _event(self) -> asyncio.Event:
+        # Created on first use so that the balancer can be built outside a running loop.
+        if self._available is None:
+            self._available = asyncio.Event()
+            if self._replicas:
+                self._available.set()
+        return self._available
+
+    def _bucket_add(self, rid: str, c: int) -> None:
+        buckets = self._buckets
+        while len(buckets) <= c:
+            buckets.append([])
+        b = buckets[c]
+        self._pos[rid] = len(b)
+        b.append(rid)
+
+    def _bucket_remove(self, rid: str, c: int) -> None:
+        b = self._buckets[c]
+        i = self._pos.pop(rid)
+        last = b.pop()
+        if last != rid:
+            b[i] = last
+            self._pos[last] = i
+
+    def _lowest_bucket(self, start: int) -> int:
+        for c in range(start, len(self._buckets)):
+            if self._buckets[c]:
+                return c
+        return 0
+
+    def check_invariants(self) -> None:
+        """Raise AssertionError when the routing structures disagree (used by tests)."""
+        assert sum(len(b) for b in self._buckets) == len(self._replicas)
+        for rid, c in self._count.items():
+            assert c >= 0, f"negative in-flight count on {rid}"
+            assert self._buckets[c][self._pos[rid]] == rid
+            assert c == len(self._by_replica.get(rid, ())), f"count mismatch on {rid}"
+        if self._replicas:
+            assert self._buckets[self._min], "min pointer on an empty bucket"
+            assert self._min == min(self._count.values())
+        assert len(self._running) == sum(len(v) for v in self._by_replica.values())
+
+
+def _parked(req: GenerationRequest, replica_id: str = "") -> GenerationResult:
+    """An aborted result that carries exactly the request's existing partial output."""
+    return GenerationResult(
+        request_id=req.request_id,
+        token_ids=req.partial_token_ids,
+        logprobs=req.partial_logprobs,
+        finish_reason="abort",
+        replica_id=replica_id,
+    )
+
+
+async def abort_on_replicas(
+    balancer: LoadBalancer, plan: dict[str, list[str]], timeout_s: float
+) -> dict[str, BaseException]:
+    """Abort the planned requests on each replica concurrently; return replica id -> error."""
+
+    async def one(rid: str, ids: Sequence[str]) -> None:
+        await asyncio.wait_for(balancer.replica(rid).abort(list(ids)), timeout_s)
+
+    rids = [rid for rid in plan if plan[rid] and balancer.has_replica(rid)]
+    results = await asyncio.gather(*(one(rid, plan[rid]) for rid in rids), return_exceptions=True)
+    return {rid: r for rid, r in zip(rids, results, strict=True) if isinstance(r, BaseException)}

@@ -1,0 +1,336 @@
+"""The controller: the hybrid replicas' lifecycle as an async state machine.
+
+States (reported through ``dynres_state_transition``)::
+
+    STANDALONE_ONLY --activate--> ACTIVATING --> HYBRID_ACTIVE --deactivate--> DEACTIVATING
+          ^                           |              |     ^                       |
+          |                           | (all failed) |     |                       |
+          +---------------------------+         REBALANCING+                       |
+          +------------------------------------------------------------------------+
+
+**Activate** (after a weight sync, when the policy says so), in this order:
+
+1. the trainer offloads its parameters and optimizer state (frees the GPUs);
+2. every hybrid replica wakes up its weights (``wake_up(["weights"])``);
+3. each receives the new weights (``update_weights``), so no stale replica is ever routable;
+4. each allocates its KV cache (``wake_up(["kv_cache"])``; after the weights so the peak memory
+   is lower, as vLLM recommends);
+5. the replicas are registered in the load balancer;
+6. they are resumed (until then, requests routed to them wait instead of running).
+
+**Deactivate** (before training), in this order:
+
+1. the hybrid replicas are removed from routing (retries can no longer land on them);
+2. their in-flight requests are aborted, and the controller waits until every aborted request
+   has come back to the balancer, which retries it on a standalone replica with its partial
+   output (or later, on the next activation, when there is none);
+3. they sleep (release KV cache, offload weights);
+4. the trainer onloads.
+
+Each step runs on all replicas concurrently with a per-operation timeout. A replica that fails
+or times out is reported, taken out of routing, its stuck requests are evicted (retried
+elsewhere), and it is *quarantined*: never activated again in this run. The trainer's own
+offload failing cancels the activation; its onload failing is fatal (training cannot go on).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import pluggy
+
+from dynres.core.errors import BackendError, RuntimeStateError
+from dynres.runtime.backends.protocols import Replica, TrainEngine, WeightUpdate
+from dynres.runtime.balancer import LoadBalancer
+from dynres.runtime.ops import OpRunner
+
+logger = logging.getLogger("dynres.runtime.controller")
+
+
+class ControllerState(str, enum.Enum):
+    """Where the hybrid replicas are in their lifecycle."""
+
+    STANDALONE_ONLY = "STANDALONE_ONLY"
+    """Hybrid replicas asleep; the trainer owns its GPUs."""
+    ACTIVATING = "ACTIVATING"
+    """Trainer offloading, hybrid replicas waking up and receiving weights."""
+    HYBRID_ACTIVE = "HYBRID_ACTIVE"
+    """Hybrid replicas routable and generating."""
+    REBALANCING = "REBALANCING"
+    """Moving in-flight requests onto freshly activated replicas."""
+    DEACTIVATING = "DEACTIVATING"
+    """Hybrid replicas leaving routing, aborting, sleeping; trainer onloading."""
+
+
+@dataclass(frozen=True)
+class StateChange:
+    """One controller state transition."""
+
+    at_s: float
+    """Run-clock time (seconds since run start)."""
+    old: str
+    """State left."""
+    new: str
+    """State entered."""
+
+
+class Controller:
+    """Carries out activations, deactivations, rebalances and weight syncs safely."""
+
+    def __init__(
+        self,
+        *,
+        balancer: LoadBalancer,
+        train_engine: TrainEngine,
+        hybrid: Sequence[Replica],
+        ops: OpRunner,
+        pm: pluggy.PluginManager | None = None,
+        now: Callable[[], float],
+        sleep_level: int = 1,
+    ) -> None:
+        """Create a controller in STANDALONE_ONLY (hybrid replicas asleep, not routable).
+
+        :param balancer: the load balancer the hybrid replicas join and leave.
+        :param train_engine: the trainer that lends its GPUs.
+        :param hybrid: the hybrid replicas.
+        :param ops: runs backend operations with timeouts and records them.
+        :param pm: plugin manager for ``dynres_state_transition`` (None: no hook calls).
+        :param now: run clock (seconds since run start).
+        :param sleep_level: level passed to ``Replica.sleep`` (1 offloads weights to CPU).
+        """
+        self.balancer = balancer
+        """The load balancer."""
+        self.train_engine = train_engine
+        """The trainer engine."""
+        self.hybrid: list[Replica] = list(hybrid)
+        """All hybrid replicas of the cluster."""
+        self.ops = ops
+        """Backend operation runner."""
+        self.sleep_level = sleep_level
+        """Level passed to Replica.sleep."""
+        self.state = ControllerState.STANDALONE_ONLY
+        """Current state."""
+        self.timeline: list[StateChange] = []
+        """Every transition, in order."""
+        self.active: list[Replica] = []
+        """Hybrid replicas that are routable now."""
+        self.quarantined: dict[str, str] = {}
+        """Replica id -> why it is never used again in this run."""
+        self.last_activate_duration_s = 0.0
+        """Duration of the latest activation (seconds; 0 = none yet)."""
+        self.last_deactivate_duration_s = 0.0
+        """Duration of the latest deactivation (seconds; 0 = none yet)."""
+        self.activations = 0
+        """Successful activations (count)."""
+        self.deactivations = 0
+        """Deactivations (count)."""
+        self.rebalances = 0
+        """Rebalances (count)."""
+        self.overhead_s = 0.0
+        """Run-clock time of transitions not spent waiting on backend operations (seconds)."""
+        self._pm = pm
+        self._now = now
+        self._lock = asyncio.Lock()
+
+    # ---- State ---------------------------------------------------------------------------
+
+    @property
+    def is_hybrid_active(self) -> bool:
+        """True while hybrid replicas are routable (HYBRID_ACTIVE or REBALANCING)."""
+        return self.state in (ControllerState.HYBRID_ACTIVE, ControllerState.REBALANCING)
+
+    @property
+    def usable_hybrid(self) -> list[Replica]:
+        """Hybrid replicas not quarantined."""
+        return [r for r in self.hybrid if r.replica_id not in self.quarantined]
+
+    def _set(self, new: ControllerState) -> None:
+        old = self.state
+        if old is new:
+            return
+        self.state = new
+        at = self._now()
+        self.timeline.append(StateChange(at, old.value, new.value))
+        logger.info("controller %s -> %s at %.3f s", old.value, new.value, at)
+        if self._pm is not None:
+            try:
+                self._pm.hook.dynres_state_transition(old_state=old.value, new_state=new.value, now=at)
+            except Exception:
+                logger.exception("a dynres_state_transition observer failed; ignored")
+
+    def _require(self, *states: ControllerState, action: str) -> None:
+        if self.state not in states:
+            raise RuntimeStateError(
+                f"cannot {action} in controller state {self.state.value}; allowed in "
+                f"{', '.join(s.value for s in states)}"
+            )
+
+    # ---- Replica failures ----------------------------------------------------------------
+
+    def quarantine(self, replica: Replica | str, reason: str) -> None:
+        """Take a replica out of routing for good and retry its stuck requests elsewhere."""
+        rid = replica if isinstance(replica, str) else replica.replica_id
+        if rid not in self.quarantined:
+            logger.warning("replica %s quarantined for the rest of the run: %s", rid, reason)
+            self.quarantined[rid] = reason
+        if self.balancer.has_replica(rid):
+            self.balancer.remove_replica(rid)
+        self.balancer.evict(rid)
+        self.active = [r for r in self.active if r.replica_id != rid]
+
+    def on_replica_failure(self, replica_id: str, exc: BaseException) -> None:
+        """Balancer callback: a replica raised during generation (already out of routing)."""
+        self.ops._fail("generate", replica_id, f"{type(exc).__name__}: {exc}", timeout=False)
+        self.quarantine(replica_id, f"generate failed: {exc}")
+
+    # ---- Transitions ---------------------------------------------------------------------
+
+    async def activate(self, update: WeightUpdate) -> bool:
+        """Wake the hybrid replicas with ``update`` and make them routable; True if any joined."""
+        async with self._lock:
+            self._require(ControllerState.STANDALONE_ONLY, action="activate")
+            candidates = self.usable_hybrid
+            if not candidates:
+                return False
+            t0 = self._now()
+            waited = 0.0
+            self._set(ControllerState.ACTIVATING)
+
+            async def phase(op: str, targets: list[Replica], call: Callable) -> list[Replica]:
+                nonlocal waited
+                ts = self._now()
+                ok, bad = await self.ops.many(op, targets, call)
+                waited += self._now() - ts
+                for r in bad:
+                    self.quarantine(r, f"{op} failed during activation")
+                return ok
+
+            try:
+                ts = self._now()
+                await self.ops.one("offload", "trainer", self.train_engine.offload)
+                waited += self._now() - ts
+            except BackendError:
+                self._set(ControllerState.STANDALONE_ONLY)
+                return False
+            ok = await phase("wake_up", candidates, lambda r: r.wake_up(["weights"]))
+            ok = await phase("update_weights", ok, lambda r: r.update_weights(update))
+            ok = await phase("wake_up", ok, lambda r: r.wake_up(["kv_cache"]))
+            for r in ok:
+                self.balancer.add_replica(r)
+            self.active = list(ok)
+            ok = await phase("resume", ok, lambda r: r.resume())
+            failed = [r for r in candidates if r not in ok]
+            if failed:
+                # Give back whatever memory the failed replicas took; they stay quarantined.
+                ts = self._now()
+                await self.ops.many("sleep", failed, lambda r: r.sleep(self.sleep_level))
+                waited += self._now() - ts
+            if not ok:
+                ts = self._now()
+                await self.ops.one("onload", "trainer", self.train_engine.onload)
+                waited += self._now() - ts
+                self._set(ControllerState.STANDALONE_ONLY)
+                self.overhead_s += max(0.0, self._now() - t0 - waited)
+                return False
+            self.active = list(ok)
+            self.activations += 1
+            self.last_activate_duration_s = self._now() - t0
+            self.overhead_s += max(0.0, self.last_activate_duration_s - waited)
+            self._set(ControllerState.HYBRID_ACTIVE)
+            return True
+
+    async def deactivate(self) -> None:
+        """Hand the GPUs back: cut routing, abort and drain, sleep, onload the trainer."""
+        async with self._lock:
+            self._require(ControllerState.HYBRID_ACTIVE, action="deactivate")
+            t0 = self._now()
+            waited = 0.0
+            self._set(ControllerState.DEACTIVATING)
+            replicas = list(self.active)
+            for r in replicas:
+                if self.balancer.has_replica(r.replica_id):
+                    self.balancer.remove_replica(r.replica_id)
+
+            async def abort_and_drain(r: Replica) -> None:
+                await r.abort(None)
+                await self.balancer.wait_idle(r.replica_id)
+
+            ts = self._now()
+            _, bad = await self.ops.many("abort", replicas, abort_and_drain)
+            for r in bad:
+                self.balancer.evict(r.replica_id)
+            _, bad_sleep = await self.ops.many("sleep", replicas, lambda r: r.sleep(self.sleep_level))
+            waited += self._now() - ts
+            for r in bad_sleep:
+                self.quarantine(r, "sleep failed during deactivation")
+            self.active = []
+            ts = self._now()
+            try:
+                await self.ops.one("onload", "trainer", self.train_engine.onload)
+            finally:
+                waited += self._now() - ts
+                self.deactivations += 1
+                self.last_deactivate_duration_s = self._now() - t0
+                self.overhead_s += max(0.0, self.last_deactivate_duration_s - waited)
+                self._set(ControllerState.STANDALONE_ONLY)
+
+    async def rebalance(self) -> int:
+        """Move just enough in-flight requests onto the least loaded replicas; return how many."""
+        async with self._lock:
+            self._require(ControllerState.HYBRID_ACTIVE, action="rebalance")
+            t0 = self._now()
+            self._set(ControllerState.REBALANCING)
+            plan = self.balancer.plan_rebalance()
+            targets = [self.balancer.replica(rid) for rid in plan if plan[rid]]
+            ts = self._now()
+            _, bad = await self.ops.many("abort", targets, lambda r: r.abort(plan[r.replica_id]))
+            waited = self._now() - ts
+            for r in bad:
+                self.quarantine(r, "abort failed during rebalance")
+            self.rebalances += 1
+            self.overhead_s += max(0.0, self._now() - t0 - waited)
+            self._set(ControllerState.HYBRID_ACTIVE)
+            moved = sum(len(v) for v in plan.values())
+            logger.info("rebalance moved %d requests", moved)
+            return moved
+
+    async def sync_weights(self, replicas: Sequence[Replica], update: WeightUpdate) -> list[Replica]:
+        """Pause, load ``update`` and resume each replica concurrently; return those that failed.
+
+        In-flight requests are kept across the pause and continue with the new weights (partial
+        rollout). A replica that fails is quarantined and its requests retried elsewhere.
+        """
+
+        async def one(r: Replica) -> None:
+            rid = r.replica_id
+            await self.ops.one("pause", rid, r.pause)
+            await self.ops.one("update_weights", rid, lambda: r.update_weights(update))
+            await self.ops.one("resume", rid, r.resume)
+
+        results = await asyncio.gather(*(one(r) for r in replicas), return_exceptions=True)
+        failed = []
+        for r, res in zip(replicas, results, strict=True):
+            if isinstance(res, asyncio.CancelledError):
+                raise res
+            if isinstance(res, BaseException):
+                failed.append(r)
+                self.quarantine(r, f"weight sync failed: {res}")
+        return failed
+
+    async def abort_everywhere(self) -> None:
+        """Abort every request on every routable replica (end of run; the balancer is draining)."""
+        targets = [self.balancer.replica(rid) for rid in self.balancer.replica_ids]
+
+        async def abort_and_drain(r: Replica) -> None:
+            await r.abort(None)
+            await self.balancer.wait_idle(r.replica_id)
+
+        _, bad = await self.ops.many("abort", targets, abort_and_drain)
+        for r in bad:
+            if self.balancer.has_replica(r.replica_id):
+                self.balancer.remove_replica(r.replica_id)
+            self.balancer.evict(r.replica_id)

@@ -1,0 +1,243 @@
+"""Policy fault isolation: every policy decision runs in a worker thread, with a timeout, typed.
+
+A policy is third-party code. Each call goes through :class:`~dynres.core.BoundPolicy` (so
+plugins can wrap it) in a worker thread started with ``loop.run_in_executor`` and is bounded by
+``asyncio.wait_for``: a slow or hung policy never blocks the event loop, and the simulator's
+virtual-time loop sees the pending executor work. The answer is then checked:
+
+==============================  ======================  ===================================
+method                          valid answer            safe fallback
+==============================  ======================  ===================================
+``should_deactivate``           ``bool``                ``True`` (give the GPUs back)
+``deactivate_wait_samples``     ``int >= 0`` (not bool) ``0`` (do not wait)
+``should_activate_after_step``  ``bool``                ``False`` (stay standalone-only)
+``should_rebalance``            ``bool``                ``False`` (never rebalance)
+``update_after_step``           ``None``                nothing
+==============================  ======================  ===================================
+
+numpy booleans and integers count as ``bool`` and ``int``. A policy that raises, times out or
+answers with anything else gets the fallback; the decision is reported through
+``dynres_decision_made(fallback=True)``, logged as a warning and counted. In an only-hybrid
+cluster "stay standalone-only" would leave nothing to generate, so the activation fallback
+there is ``True`` (see :meth:`DecisionGuard.decide`).
+
+A timed-out call keeps running in its daemon thread (Python cannot kill a thread); it holds no
+lock of ours and its answer is ignored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pluggy
+
+from dynres.core import BoundPolicy, ScheduleContext
+from dynres.runtime.clock import wall
+
+logger = logging.getLogger("dynres.runtime.decisions")
+
+BOOL_DECISIONS = ("should_deactivate", "should_activate_after_step", "should_rebalance")
+"""Decisions whose answer must be a bool."""
+
+
+@dataclass(frozen=True)
+class DecisionRecord:
+    """One policy decision as the controller acted on it."""
+
+    method: str
+    """Policy method name (``should_deactivate``, ...)."""
+    value: Any
+    """The value acted on (after fallback and clamps)."""
+    raw: str
+    """repr of what the policy returned, or the exception / timeout description."""
+    fallback: bool
+    """True when the policy raised, timed out or answered with a wrong type or value."""
+    clamped: bool
+    """True when a safety clamp changed a valid answer."""
+    reason: str
+    """Why a fallback or clamp happened ('' when neither)."""
+    global_steps: int
+    """Sync cycles completed when the decision was made (count)."""
+    at_s: float
+    """Run-clock time of the decision (seconds since run start)."""
+    wall_s: float
+    """Real time the call took, thread hop included (seconds; profiling only)."""
+
+
+class _DaemonThreadExecutor(concurrent.futures.Executor):
+    """Runs each call in a fresh daemon thread, so a hung policy cannot block interpreter exit."""
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
+        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+        def run() -> None:
+            if not fut.set_running_or_notify_cancel():
+                return
+            try:
+                fut.set_result(fn(*args, **kwargs))
+            except BaseException as exc:  # delivered to the awaiting coroutine
+                fut.set_exception(exc)
+
+        threading.Thread(target=run, name="dynres-policy", daemon=True).start()
+        return fut
+
+
+def _is_bool(v: Any) -> bool:
+    return isinstance(v, bool) or type(v).__name__ == "bool_"
+
+
+def _is_int(v: Any) -> bool:
+    if _is_bool(v):
+        return False
+    if isinstance(v, int):
+        return True
+    return type(v).__module__ == "numpy" and hasattr(v, "dtype") and v.dtype.kind in "iu"
+
+
+def _safe_value(method: str, ctx: ScheduleContext) -> Any:
+    if method == "should_deactivate":
+        return True
+    if method == "deactivate_wait_samples":
+        return 0
+    if method == "should_activate_after_step":
+        return ctx.only_hybrid
+    if method == "should_rebalance":
+        return False
+    return None
+
+
+def check_answer(method: str, value: Any) -> str:
+    """Return why ``value`` is not a valid answer of ``method`` ('' when it is valid)."""
+    if method in BOOL_DECISIONS:
+        return "" if _is_bool(value) else f"expected bool, got {type(value).__name__}"
+    if method == "deactivate_wait_samples":
+        if not _is_int(value):
+            return f"expected int >= 0, got {type(value).__name__}"
+        return "" if int(value) >= 0 else f"expected int >= 0, got {int(value)}"
+    if method == "update_after_step":
+        return "" if value is None else f"expected None, got {type(value).__name__}"
+    raise ValueError(f"unknown policy method {method!r}")
+
+
+class DecisionGuard:
+    """Calls the bound policy safely and reports every decision through the observer hooks."""
+
+    def __init__(self, policy: BoundPolicy, *, timeout_s: float = 10.0, now: Callable[[], float]) -> None:
+        """Guard ``policy``.
+
+        :param policy: the policy behind its plugin manager.
+        :param timeout_s: longest a decision may take (seconds on the loop's clock).
+        :param now: run clock (seconds since run start) for the records.
+        """
+        self.policy = policy
+        """The guarded policy."""
+        self.timeout_s = timeout_s
+        """Longest a decision may take (seconds)."""
+        self.fallbacks = 0
+        """Decisions that fell back to the safe value (count)."""
+        self.records: list[DecisionRecord] = []
+        """Every decision, in order."""
+        self.wall_s = 0.0
+        """Real time spent in decisions (seconds; profiling)."""
+        self._now = now
+        self._executor = _DaemonThreadExecutor()
+
+    @property
+    def pm(self) -> pluggy.PluginManager:
+        """The plugin manager the policy is bound to."""
+        return self.policy.pm
+
+    async def decide(
+        self,
+        method: str,
+        ctx: ScheduleContext,
+        clamp: Callable[[Any], tuple[Any, str]] | None = None,
+    ) -> DecisionRecord:
+        """Run ``method`` of the policy on ``ctx``; return the checked decision and report it.
+
+        ``clamp(value) -> (value, reason)`` applies a safety clamp to the checked (or fallback)
+        value; a changed value is recorded with ``clamped=True`` and its reason.
+        """
+        loop = asyncio.get_running_loop()
+        t0 = wall()
+        raw: Any = None
+        reason = ""
+        try:
+            raw = await asyncio.wait_for(
+                loop.run_in_executor(self._executor, self.policy.decision, method, ctx),
+                self.timeout_s,
+            )
+            reason = check_answer(method, raw)
+            raw_text = _short_repr(raw)
+        except TimeoutError:
+            reason = f"no answer within {self.timeout_s:g} s"
+            raw_text = "<timeout>"
+        except Exception as exc:  # third-party code: anything may come out
+            reason = f"raised {type(exc).__name__}: {exc}"
+            raw_text = f"<{type(exc).__name__}>"
+        elapsed = wall() - t0
+        self.wall_s += elapsed
+        fallback = bool(reason)
+        if fallback:
+            value = _safe_value(method, ctx)
+            self.fallbacks += 1
+            logger.warning(
+                "policy %r %s at global_steps=%d: %s; using the safe value %r and continuing",
+                self.policy.name,
+                method,
+                ctx.global_steps,
+                reason,
+                value,
+            )
+        else:
+            value = bool(raw) if method in BOOL_DECISIONS else (int(raw) if raw is not None else None)
+        clamped = False
+        if clamp is not None:
+            new, why = clamp(value)
+            if new != value:
+                logger.info(
+                    "policy %r %s: %r clamped to %r: %s", self.policy.name, method, value, new, why
+                )
+                value, clamped = new, True
+                reason = (reason + "; " if reason else "") + why
+        record = DecisionRecord(
+            method=method,
+            value=value,
+            raw=raw_text,
+            fallback=fallback,
+            clamped=clamped,
+            reason=reason,
+            global_steps=ctx.global_steps,
+            at_s=self._now(),
+            wall_s=elapsed,
+        )
+        self.records.append(record)
+        self._report(record, ctx)
+        return record
+
+    def _report(self, record: DecisionRecord, ctx: ScheduleContext) -> None:
+        """Emit ``dynres_decision_made`` for ``record``; an observer's error is logged, not raised."""
+        try:
+            self.pm.hook.dynres_decision_made(
+                decision=record.method,
+                value=record.value,
+                ctx=ctx,
+                policy_name=self.policy.name,
+                fallback=record.fallback,
+            )
+        except Exception:
+            logger.exception("a dynres_decision_made observer failed; ignored")
+
+
+def _short_repr(v: Any, limit: int = 80) -> str:
+    try:
+        text = repr(v)
+    except Exception:
+        text = f"<unrepresentable {type(v).__name__}>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -1,0 +1,117 @@
+"""Backend operations on many targets at once, each with a timeout, timed and recorded.
+
+Every call the runtime makes to a replica or the train engine (except ``generate``, which the
+balancer owns) goes through :meth:`OpRunner.one` or :meth:`OpRunner.many`. ``many`` runs the
+same operation on N targets concurrently (``asyncio.gather``), bounds each call with
+``op_timeout_s``, and returns which targets succeeded; a failure or a timeout is logged,
+recorded as an :class:`OpFailure` naming the target, and never raised, so the caller can carry
+on with the targets that worked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from dynres.core.errors import BackendError, BackendTimeoutError
+
+logger = logging.getLogger("dynres.runtime.ops")
+
+T = TypeVar("T")
+
+
+@dataclass
+class OpStat:
+    """Timing of one kind of backend operation over a run (run-clock seconds)."""
+
+    count: int = 0
+    """Calls that finished (ok or failed)."""
+    total_s: float = 0.0
+    """Sum of the calls' durations (seconds)."""
+    max_s: float = 0.0
+    """Longest call (seconds)."""
+    failures: int = 0
+    """Calls that raised or timed out (count)."""
+
+
+@dataclass(frozen=True)
+class OpFailure:
+    """A backend operation that raised or timed out."""
+
+    at_s: float
+    """Run-clock time the failure was noticed (seconds since run start)."""
+    op: str
+    """Operation (``sleep``, ``wake_up``, ``update_weights``, ``onload``, ...)."""
+    target: str
+    """Replica id, or ``"trainer"``."""
+    error: str
+    """Exception type and message."""
+    timeout: bool
+    """True when the call exceeded its timeout."""
+
+
+@dataclass
+class OpRunner:
+    """Runs backend operations with timeouts and keeps their statistics and failures."""
+
+    timeout_s: float
+    """Longest one operation on one target may take (seconds)."""
+    now: Callable[[], float]
+    """Run clock (seconds since run start)."""
+    stats: dict[str, OpStat] = field(default_factory=dict)
+    """Operation name -> timing."""
+    failures: list[OpFailure] = field(default_factory=list)
+    """Every failure, in order."""
+
+    async def one(self, op: str, target: str, call: Callable[[], Awaitable[T]]) -> T:
+        """Run ``call()`` with the timeout; raise BackendTimeoutError / BackendError naming the target."""
+        t0 = self.now()
+        stat = self.stats.setdefault(op, OpStat())
+        try:
+            return await asyncio.wait_for(call(), self.timeout_s)
+        except TimeoutError:
+            stat.failures += 1
+            self._fail(op, target, f"no answer within {self.timeout_s:g} s", timeout=True)
+            raise BackendTimeoutError(
+                f"{op} on {target} did not finish within {self.timeout_s:g} s; check the engine "
+                "or raise RunSpec.op_timeout_s"
+            ) from None
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            stat.failures += 1
+            self._fail(op, target, f"{type(exc).__name__}: {exc}", timeout=False)
+            if isinstance(exc, BackendError):
+                raise
+            raise BackendError(f"{op} on {target} failed: {type(exc).__name__}: {exc}") from exc
+        finally:
+            dt = self.now() - t0
+            stat.count += 1
+            stat.total_s += dt
+            stat.max_s = max(stat.max_s, dt)
+
+    async def many(
+        self, op: str, targets: Sequence[Any], call: Callable[[Any], Awaitable[Any]]
+    ) -> tuple[list[Any], list[Any]]:
+        """Run ``call(target)`` on every target concurrently; return (succeeded, failed) targets.
+
+        Targets need a ``replica_id`` attribute (used in logs and failure records).
+        """
+
+        async def run(t: Any) -> None:
+            await self.one(op, t.replica_id, lambda: call(t))
+
+        results = await asyncio.gather(*(run(t) for t in targets), return_exceptions=True)
+        ok, bad = [], []
+        for t, r in zip(targets, results, strict=True):
+            if isinstance(r, asyncio.CancelledError):
+                raise r
+            (bad if isinstance(r, BaseException) else ok).append(t)
+        return ok, bad
+
+    def _fail(self, op: str, target: str, error: str, *, timeout: bool) -> None:
+        logger.warning("%s on %s failed: %s; continuing without it", op, target, error)
+        self.failures.append(OpFailure(self.now(), op, target, error, timeout))

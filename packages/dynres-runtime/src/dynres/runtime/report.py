@@ -1,0 +1,179 @@
+"""What a fully-async run reports: per-cycle metrics, controller timeline, counters, timings.
+
+:meth:`RunReport.to_json` is the ``--json`` payload of ``dynres simulate`` and ``dynres run``.
+All times are seconds; timestamps (``*_s`` fields named ``at_s``, ``start_s``, ``end_s``) are
+seconds since the run started, on the event loop's clock (virtual under the simulator).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from dynres.runtime.controller import StateChange
+from dynres.runtime.decisions import DecisionRecord
+from dynres.runtime.ops import OpFailure, OpStat
+
+
+@dataclass
+class CycleReport:
+    """One sync cycle: trigger_parameter_sync_step collections and the weight sync after them."""
+
+    step: int
+    """global_steps after this cycle (1 for the first cycle)."""
+    start_s: float
+    """Run-clock time the cycle started (seconds since run start)."""
+    end_s: float
+    """Run-clock time the cycle ended, policy updates included (seconds since run start)."""
+    duration_s: float
+    """end_s - start_s (seconds)."""
+    metrics: dict[str, float]
+    """The ``dynamic_resource/*`` values of the cycle (units per key, see dynres.core.metrics)."""
+    hybrid_active_at_start: bool
+    """Hybrid replicas were generating when the cycle started."""
+    deactivated: bool
+    """The hybrid replicas were deactivated during the cycle."""
+    activated: bool
+    """The hybrid replicas were activated after the cycle's weight sync."""
+    rebalanced: bool
+    """A rebalance followed the activation."""
+    rebalanced_requests: int
+    """Requests moved by that rebalance (count)."""
+    deactivate_wait_samples: int | None
+    """Queue size the deactivation waited for, after clamps (samples; None = no deactivation)."""
+    wait_for_enough_samples_s: float
+    """Time spent waiting for that queue size while hybrid replicas generated (seconds)."""
+    step_wait_times: list[float]
+    """Seconds each collection waited for its samples."""
+    step_wait_samples: list[int]
+    """Samples each collection had to wait for (count, parallel to step_wait_times)."""
+    samples_generated: int
+    """Samples finished by the rollouter during the cycle (count)."""
+    samples_consumed: int
+    """Samples trained on in the cycle (count)."""
+    samples_dropped_stale: int
+    """Samples dropped as too stale during the cycle (count)."""
+    queue_size_end: int
+    """Queue size at the end of the cycle (samples)."""
+    weight_version: int
+    """Weight version published by the cycle's sync (count of syncs)."""
+    activate_duration_s: float
+    """Duration of the activation after this cycle's sync (seconds; 0 = none)."""
+    deactivate_duration_s: float
+    """Duration of this cycle's deactivation (seconds; 0 = none)."""
+    train_metrics: dict[str, float] = field(default_factory=dict)
+    """The train engine's metrics of the cycle's last fit step."""
+    decisions: list[DecisionRecord] = field(default_factory=list)
+    """Policy decisions made during the cycle, in order."""
+
+
+@dataclass
+class SampleCounters:
+    """Sample and request accounting of a run (counts)."""
+
+    admitted: int = 0
+    """Samples the rollouter started."""
+    generated: int = 0
+    """Samples fully generated."""
+    consumed: int = 0
+    """Samples trained on."""
+    dropped_stale: int = 0
+    """Samples dropped as too stale (see dynres.runtime.queue)."""
+    failed: int = 0
+    """Samples lost because a request failed on every replica it tried."""
+    duplicates: int = 0
+    """Samples or requests produced twice (must be 0)."""
+    aborted: int = 0
+    """Request attempts aborted (deactivation, rebalance) and retried."""
+    resumed: int = 0
+    """Retries that continued from partial output."""
+    restarted: int = 0
+    """Retries that started over (partial rollout off, or no output yet)."""
+    evicted: int = 0
+    """Attempts cancelled because their replica stopped answering."""
+    queued_at_end: int = 0
+    """Samples left in the queue at the end."""
+    partial_at_end: int = 0
+    """Samples interrupted at the end, kept with their partial output (in the checkpoint)."""
+    partial_tokens_at_end: int = 0
+    """Tokens generated for those interrupted samples (count)."""
+
+
+@dataclass
+class OperationTimings:
+    """Where the time of transitions went: dynres's own work vs the engines' operations."""
+
+    controller_overhead_s: float = 0.0
+    """Run-clock time of activations/deactivations/rebalances not spent in engine operations (seconds)."""
+    policy_wall_s: float = 0.0
+    """Real time spent in policy decisions, thread hop included (seconds)."""
+    engine: dict[str, OpStat] = field(default_factory=dict)
+    """Operation name (sleep, wake_up, abort, update_weights, offload, ...) -> timing (seconds)."""
+    activations: int = 0
+    """Successful activations (count)."""
+    deactivations: int = 0
+    """Deactivations (count)."""
+    rebalances: int = 0
+    """Rebalances (count)."""
+
+
+@dataclass
+class RunReport:
+    """Everything a fully-async run reports."""
+
+    policy: str
+    """Name of the policy that ran."""
+    end_to_end_s: float
+    """Run start to the end of the last cycle (seconds)."""
+    cycles: list[CycleReport]
+    """One report per sync cycle, in order."""
+    timeline: list[StateChange]
+    """Every controller state transition, in order."""
+    startup_decisions: list[DecisionRecord]
+    """Decisions made after the initial weight sync, before the first cycle."""
+    samples: SampleCounters
+    """Sample and request counters."""
+    operations: OperationTimings
+    """Controller overhead and engine operation timings."""
+    policy_fallbacks: int
+    """Policy decisions replaced by the safe value (count)."""
+    op_failures: list[OpFailure]
+    """Backend operations that failed or timed out."""
+    quarantined: dict[str, str]
+    """Replica id -> why it was taken out of the run."""
+    final_state: str
+    """Controller state at the end."""
+    weight_version: int
+    """Weight version at the end (count of syncs)."""
+    hybrid_gpus: int
+    """GPUs shared by the trainer and the hybrid replicas (count; the metric's a)."""
+    standalone_gpus: int
+    """GPUs of the standalone replicas (count; the metric's b)."""
+    stopped_early: str = ""
+    """Why the run ended before its cycles were done ('' when it finished them)."""
+    checkpoint: dict[str, Any] | None = None
+    """State needed to resume (RunSpec.keep_checkpoint), JSON-serialisable; None otherwise."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report as plain JSON-serialisable data."""
+        return _plain(dataclasses.asdict(self))
+
+    def to_json(self, indent: int | None = None) -> str:
+        """The report as a JSON document (the CLI's ``--json`` payload)."""
+        return json.dumps(self.to_dict(), indent=indent)
+
+    def metric_series(self, key: str) -> list[float]:
+        """One metric's value per cycle, in order (NaN where a cycle lacks it)."""
+        return [c.metrics.get(key, float("nan")) for c in self.cycles]
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, dict):
+        return {str(k): _plain(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    if isinstance(v, float | int | str | bool) or v is None:
+        return v
+    return repr(v)

@@ -1,0 +1,440 @@
+"""The fully-async training driver: ``await run_fully_async(RunSpec(...)) -> RunReport``.
+
+One driver for every backend: the simulator runs it on a virtual-time event loop with simulated
+replicas, a real run with vLLM/Ray replicas and a real trainer. It wires the load balancer,
+message queue, rollouter, controller and trainer loop together, runs ``num_cycles`` sync
+cycles, then drains: the balancer stops retrying, everything in flight is aborted and kept with
+its partial output, and hybrid replicas still active are deactivated. The replicas and the train
+engine are not shut down (the caller owns them).
+
+Example::
+
+    report = asyncio.run(run_fully_async(RunSpec(
+        config=cfg, policy=load_policy("default")(), standalone=[...], hybrid=[...],
+        train_engine=engine, prompts=prompt_groups, num_cycles=10)))
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pluggy
+
+from dynres.core import BoundPolicy, DynresConfig, Policy, get_plugin_manager
+from dynres.core.errors import ConfigError, RuntimeStateError
+from dynres.runtime.backends.protocols import Replica, TrainEngine
+from dynres.runtime.balancer import LoadBalancer
+from dynres.runtime.clock import RunClock
+from dynres.runtime.controller import Controller, ControllerState
+from dynres.runtime.decisions import DecisionGuard, DecisionRecord
+from dynres.runtime.ops import OpRunner
+from dynres.runtime.queue import MessageQueue
+from dynres.runtime.report import CycleReport, OperationTimings, RunReport, SampleCounters
+from dynres.runtime.rollouter import PartialSample, PromptSource, Rollouter
+from dynres.runtime.samples import (
+    PromptGroup,
+    Sample,
+    group_from_dict,
+    group_to_dict,
+    result_from_dict,
+    result_to_dict,
+    sample_from_dict,
+    sample_to_dict,
+)
+from dynres.runtime.tracker import RunTracker
+from dynres.runtime.trainer import StopRun, TrainerLoop, maybe_await
+
+logger = logging.getLogger("dynres.runtime.run")
+
+CHECKPOINT_FORMAT = "dynres.checkpoint/1"
+"""Value of the ``format`` key of a checkpoint."""
+
+__all__ = [
+    "CHECKPOINT_FORMAT",
+    "FullyAsyncRun",
+    "PromptGroup",
+    "RunSpec",
+    "Sample",
+    "max_required_samples",
+    "run_fully_async",
+]
+
+
+def max_required_samples(config: DynresConfig) -> int:
+    """int(required_samples x (staleness_threshold + 1) x trigger_parameter_sync_step) (samples)."""
+    at = config.async_training
+    return int(config.required_samples * (at.staleness_threshold + 1) * at.trigger_parameter_sync_step)
+
+
+@dataclass
+class RunSpec:
+    """Everything one fully-async run needs."""
+
+    config: DynresConfig
+    """The dynres configuration (verl keys)."""
+    policy: Policy | BoundPolicy
+    """The scheduling policy; a bare Policy is bound to ``plugin_manager`` here."""
+    standalone: Sequence[Replica]
+    """Standalone replicas (always generating); may be empty in an only-hybrid cluster."""
+    hybrid: Sequence[Replica]
+    """Hybrid replicas on the trainer's GPUs (start asleep); empty without dynamic scheduling."""
+    train_engine: TrainEngine
+    """The trainer."""
+    prompts: PromptSource
+    """Iterable or async iterable of PromptGroup (one per sample; ids unique)."""
+    num_cycles: int
+    """Sync cycles to run (count, >= 1)."""
+    progress: Callable[[CycleReport], Any] | None = None
+    """Called (or awaited, if it returns an awaitable) after each cycle with its report."""
+    plugin_manager: pluggy.PluginManager | None = None
+    """Plugin manager for hooks; None: a fresh one with the installed ``dynres.plugins``."""
+    op_timeout_s: float = 600.0
+    """Longest one backend operation on one replica or the trainer may take (seconds)."""
+    policy_timeout_s: float = 10.0
+    """Longest one policy decision may take before the safe value is used (seconds)."""
+    sleep_level: int = 1
+    """Level passed to Replica.sleep on deactivation (1: offload weights to CPU)."""
+    seed: int = 0
+    """Seed of the load balancer's tie-break RNG."""
+    sticky_capacity: int = 100_000
+    """Most sticky-session entries the balancer keeps (count)."""
+    max_staleness_versions: int | None = None
+    """Drop samples lagging the trainer by more weight versions (count); None: 1 + ceil(staleness_threshold)."""
+    hybrid_gpus: int | None = None
+    """GPUs shared by trainer and hybrid replicas for the utilization metric (count); None: trainer GPUs of the config."""
+    standalone_gpus: int | None = None
+    """GPUs of the standalone replicas for the metric (count); None: rollout GPUs of the config."""
+    keep_checkpoint: bool = False
+    """Put the end-of-run checkpoint (queue, partial samples, policy state) in the report."""
+    resume_from: Mapping[str, Any] | None = None
+    """A checkpoint to resume from (its queue, partial samples, steps, weight version, policy state)."""
+
+    def __post_init__(self) -> None:
+        """Check the spec's consistency; raise ConfigError naming the field and the fix."""
+        if self.num_cycles < 1:
+            raise ConfigError(f"RunSpec.num_cycles must be >= 1, got {self.num_cycles}")
+        if not self.standalone and not self.hybrid:
+            raise ConfigError("RunSpec has no replica: give standalone and/or hybrid replicas")
+        dynamic = self.config.async_training.use_dynamic_resource_scheduling
+        if self.hybrid and not dynamic:
+            raise ConfigError(
+                f"RunSpec.hybrid has {len(self.hybrid)} replicas but "
+                "async_training.use_dynamic_resource_scheduling is false; set it to true or pass hybrid=[]"
+            )
+        if not self.standalone and not dynamic:
+            raise ConfigError(
+                "RunSpec.standalone is empty and dynamic scheduling is off: nothing would generate"
+            )
+        ids = [r.replica_id for r in [*self.standalone, *self.hybrid]]
+        dup = sorted({i for i in ids if ids.count(i) > 1})
+        if dup:
+            raise ConfigError(f"replica ids must be unique; repeated: {dup}")
+        if self.op_timeout_s <= 0 or self.policy_timeout_s <= 0:
+            raise ConfigError("RunSpec.op_timeout_s and policy_timeout_s must be > 0 seconds")
+        if max_required_samples(self.config) < self.config.required_samples:
+            raise ConfigError("max_required_samples is below required_samples; check the config")
+
+
+class FullyAsyncRun:
+    """One run of the fully-async loop; :meth:`run` once, :meth:`checkpoint` any time after."""
+
+    def __init__(self, spec: RunSpec) -> None:
+        """Bind the policy; the components are built when :meth:`run` starts (inside the loop)."""
+        self.spec = spec
+        """The run's spec."""
+        if isinstance(spec.policy, BoundPolicy):
+            self.policy = spec.policy
+        else:
+            pm = spec.plugin_manager if spec.plugin_manager is not None else get_plugin_manager()
+            self.policy = BoundPolicy(spec.policy, pm)
+        """The policy behind its plugin manager."""
+        self.clock: RunClock | None = None
+        self.balancer: LoadBalancer | None = None
+        self.queue: MessageQueue | None = None
+        self.rollouter: Rollouter | None = None
+        self.controller: Controller | None = None
+        self.guard: DecisionGuard | None = None
+        self.tracker: RunTracker | None = None
+        self.trainer: TrainerLoop | None = None
+        self.ops: OpRunner | None = None
+        self._started = False
+
+    # ---- Wiring -------------------------------------------------------------------------------
+
+    def _build(self) -> None:
+        spec, cfg = self.spec, self.spec.config
+        at = cfg.async_training
+        clock = self.clock = RunClock()
+        now = clock.elapsed
+        self.ops = OpRunner(timeout_s=spec.op_timeout_s, now=now)
+        max_req = max_required_samples(cfg)
+        self.balancer = LoadBalancer(
+            seed=spec.seed,
+            sticky_capacity=spec.sticky_capacity,
+            partial_rollout=at.partial_rollout,
+            on_change=lambda: self.rollouter.on_capacity_change() if self.rollouter is not None else None,
+            on_replica_failure=lambda rid, exc: self.controller.on_replica_failure(rid, exc)
+            if self.controller is not None
+            else None,
+        )
+        self.queue = MessageQueue(
+            max_req,
+            max_staleness_versions=spec.max_staleness_versions,
+            staleness_threshold=at.staleness_threshold,
+            on_drop=lambda s: self.rollouter.on_drop(s) if self.rollouter is not None else None,
+        )
+        self.rollouter = Rollouter(
+            balancer=self.balancer,
+            queue=self.queue,
+            prompts=spec.prompts,
+            now=now,
+            max_required_samples=max_req,
+            concurrent_samples_per_replica=at.concurrent_samples_per_replica,
+        )
+        self.controller = Controller(
+            balancer=self.balancer,
+            train_engine=spec.train_engine,
+            hybrid=spec.hybrid,
+            ops=self.ops,
+            pm=self.policy.pm,
+            now=now,
+            sleep_level=spec.sleep_level,
+        )
+        self.guard = DecisionGuard(self.policy, timeout_s=spec.policy_timeout_s, now=now)
+        self.tracker = RunTracker(
+            required_samples=cfg.required_samples,
+            trigger_parameter_sync_step=at.trigger_parameter_sync_step,
+            staleness_threshold=at.staleness_threshold,
+            num_standalone_replicas=len(spec.standalone),
+            num_hybrid_replicas=len(spec.hybrid),
+            queue=self.queue,
+            rollouter=self.rollouter,
+            balancer=self.balancer,
+            controller=self.controller,
+            now=now,
+        )
+        self.trainer = TrainerLoop(
+            train_engine=spec.train_engine,
+            standalone=spec.standalone,
+            controller=self.controller,
+            guard=self.guard,
+            tracker=self.tracker,
+            queue=self.queue,
+            rollouter=self.rollouter,
+            ops=self.ops,
+            pm=self.policy.pm,
+            enable_rebalance=at.dynamic_schedule_enable_rebalance,
+            partial_rollout=at.partial_rollout,
+            hybrid_gpus=spec.hybrid_gpus if spec.hybrid_gpus is not None else cfg.trainer.n_gpus,
+            standalone_gpus=spec.standalone_gpus
+            if spec.standalone_gpus is not None
+            else cfg.rollout.n_gpus,
+            now=now,
+        )
+        for r in spec.standalone:
+            self.balancer.add_replica(r)
+        if spec.resume_from is not None:
+            self._restore(spec.resume_from)
+        self.rollouter.start_window()
+
+    def _restore(self, ckpt: Mapping[str, Any]) -> None:
+        if ckpt.get("format") != CHECKPOINT_FORMAT:
+            raise ConfigError(
+                f"RunSpec.resume_from is not a dynres checkpoint (format={ckpt.get('format')!r}, "
+                f"expected {CHECKPOINT_FORMAT!r}); pass what FullyAsyncRun.checkpoint() returned"
+            )
+        assert self.tracker is not None and self.trainer is not None
+        assert self.rollouter is not None and self.queue is not None
+        pol = ckpt["policy"]
+        if pol["name"] != self.policy.name:
+            raise ConfigError(
+                f"checkpoint was written by policy {pol['name']!r} but this run uses "
+                f"{self.policy.name!r}; resume with the same policy"
+            )
+        self.policy.policy.load_state_dict(pol["state"])
+        self.tracker.global_steps = int(ckpt["global_steps"])
+        self.trainer.version = int(ckpt["weight_version"])
+        self.rollouter.version = int(ckpt["weight_version"])
+        self.queue.restore([sample_from_dict(d) for d in ckpt["queue"]])
+        partial_rollout = self.spec.config.async_training.partial_rollout
+        partials = []
+        for d in ckpt["partial"]:
+            results = [result_from_dict(r) for r in d["results"]]
+            if not partial_rollout:  # restart unfinished responses from scratch
+                results = [r if not r.aborted else _empty(r) for r in results]
+            partials.append(
+                PartialSample(group_from_dict(d["group"]), tuple(results), int(d["start_version"]), 0.0)
+            )
+        self.rollouter.add_resumed(partials)
+        logger.info(
+            "resuming at global_steps=%d: %d queued samples, %d partial samples",
+            self.tracker.global_steps,
+            self.queue.size,
+            len(partials),
+        )
+
+    # ---- Running ------------------------------------------------------------------------------
+
+    async def run(self) -> RunReport:
+        """Run the configured cycles and return the report."""
+        if self._started:
+            raise RuntimeStateError("a FullyAsyncRun runs once; build a new one for another run")
+        self._started = True
+        self._build()
+        assert self.rollouter is not None and self.trainer is not None
+        assert self.clock is not None and self.controller is not None
+        spec = self.spec
+        cycles: list[CycleReport] = []
+        startup: list[DecisionRecord] = []
+        stopped_early = ""
+        roll_task = asyncio.create_task(self.rollouter.run(), name="dynres-rollouter")
+        end_to_end = 0.0
+        try:
+            startup = await self._watch(self.trainer.startup(), roll_task)
+            for _ in range(spec.num_cycles):
+                try:
+                    report = await self._watch(self.trainer.cycle(), roll_task)
+                except StopRun as stop:
+                    stopped_early = str(stop)
+                    logger.warning("run stopped after %d cycles: %s", len(cycles), stopped_early)
+                    break
+                cycles.append(report)
+                if spec.progress is not None:
+                    await maybe_await(spec.progress(report))
+            end_to_end = self.clock.elapsed()
+        finally:
+            await self._teardown(roll_task)
+        return self._report(end_to_end, cycles, startup, stopped_early)
+
+    async def _watch(self, coro: Any, roll_task: asyncio.Task[None]) -> Any:
+        """Await ``coro`` but fail fast if the rollouter loop crashes meanwhile."""
+        main = asyncio.ensure_future(coro)
+        if roll_task.done():
+            return await main
+        done, _ = await asyncio.wait({main, roll_task}, return_when=asyncio.FIRST_COMPLETED)
+        if main in done:
+            return main.result()
+        exc = roll_task.exception()
+        if exc is None:  # the rollouter finished normally (source exhausted)
+            return await main
+        main.cancel()
+        await asyncio.gather(main, return_exceptions=True)
+        raise exc
+
+    async def _teardown(self, roll_task: asyncio.Task[None]) -> None:
+        assert self.balancer is not None and self.controller is not None
+        assert self.rollouter is not None
+        try:
+            self.balancer.start_draining()
+            await self.controller.abort_everywhere()
+            if self.controller.state is ControllerState.HYBRID_ACTIVE:
+                await self.controller.deactivate()
+            await self.rollouter.stop()
+        except Exception:
+            logger.exception("draining at the end of the run failed; partial samples may be missing")
+        finally:
+            roll_task.cancel()
+            await asyncio.gather(roll_task, return_exceptions=True)
+
+    # ---- Results --------------------------------------------------------------------------------
+
+    def checkpoint(self) -> dict[str, Any]:
+        """The state needed to resume, as JSON-serialisable data.
+
+        After :meth:`run` returned it holds the queued samples, the samples interrupted by the end
+        of the run with their partial output, the step and weight-version counters and the
+        policy's ``state_dict``. Called during a run (e.g. from the progress callback) it holds
+        the queue and, for samples still generating, only their prompt groups (they restart).
+        """
+        if self.queue is None or self.rollouter is None or self.tracker is None or self.trainer is None:
+            raise RuntimeStateError("checkpoint() needs a started run; call run() first")
+        partial = [
+            {
+                "group": group_to_dict(p.group),
+                "results": [result_to_dict(r) for r in p.results],
+                "start_version": p.start_version,
+            }
+            for p in self.rollouter.partials
+        ]
+        return {
+            "format": CHECKPOINT_FORMAT,
+            "global_steps": self.tracker.global_steps,
+            "weight_version": self.trainer.version,
+            "policy": {"name": self.policy.name, "state": self.policy.policy.state_dict()},
+            "queue": [sample_to_dict(s) for s in self.queue.snapshot()],
+            "partial": partial,
+            "counters": {
+                "generated": self.rollouter.generated,
+                "consumed": self.queue.consumed,
+                "dropped_stale": self.queue.dropped_stale,
+            },
+        }
+
+    def _report(
+        self,
+        end_to_end: float,
+        cycles: list[CycleReport],
+        startup: list[DecisionRecord],
+        stopped_early: str,
+    ) -> RunReport:
+        assert self.balancer is not None and self.queue is not None and self.rollouter is not None
+        assert self.controller is not None and self.guard is not None
+        assert self.ops is not None and self.trainer is not None
+        bc = self.balancer.counters
+        partials = self.rollouter.partials
+        samples = SampleCounters(
+            admitted=self.rollouter.admitted,
+            generated=self.rollouter.generated,
+            consumed=self.queue.consumed,
+            dropped_stale=self.queue.dropped_stale,
+            failed=self.rollouter.failed,
+            duplicates=self.queue.duplicates + bc.duplicates,
+            aborted=bc.aborted,
+            resumed=bc.resumed,
+            restarted=bc.restarted,
+            evicted=bc.evicted,
+            queued_at_end=self.queue.size,
+            partial_at_end=len(partials),
+            partial_tokens_at_end=sum(len(r.token_ids) for p in partials for r in p.results if r.aborted),
+        )
+        ops = OperationTimings(
+            controller_overhead_s=self.controller.overhead_s,
+            policy_wall_s=self.guard.wall_s,
+            engine=dict(self.ops.stats),
+            activations=self.controller.activations,
+            deactivations=self.controller.deactivations,
+            rebalances=self.controller.rebalances,
+        )
+        return RunReport(
+            policy=self.policy.name,
+            end_to_end_s=end_to_end,
+            cycles=cycles,
+            timeline=list(self.controller.timeline),
+            startup_decisions=startup,
+            samples=samples,
+            operations=ops,
+            policy_fallbacks=self.guard.fallbacks,
+            op_failures=list(self.ops.failures),
+            quarantined=dict(self.controller.quarantined),
+            final_state=self.controller.state.value,
+            weight_version=self.trainer.version,
+            hybrid_gpus=self.trainer.hybrid_gpus,
+            standalone_gpus=self.trainer.standalone_gpus,
+            stopped_early=stopped_early,
+            checkpoint=self.checkpoint() if self.spec.keep_checkpoint else None,
+        )
+
+
+def _empty(r: Any) -> Any:
+    from dataclasses import replace
+
+    return replace(r, token_ids=[], logprobs=[])
+
+
+async def run_fully_async(spec: RunSpec) -> RunReport:
+    """Run the fully-async loop described by ``spec`` and return its report."""
+    return await FullyAsyncRun(spec).run()

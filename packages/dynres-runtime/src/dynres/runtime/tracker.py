@@ -1,0 +1,128 @@
+"""The one place where every :class:`~dynres.core.ScheduleContext` field is computed.
+
+A real run and a simulated run build their contexts here, from the same live objects (queue,
+rollouter, balancer, controller) and the per-cycle measurements the trainer loop hands in, so a
+policy sees identical definitions in both.
+
+Field definitions (beyond the verl ones documented on ScheduleContext):
+
+* ``now``: seconds since the run started, on the event loop's clock.
+* ``expected_samples``: ``step_required_samples x global_steps``.
+* ``total_generated_samples``: samples the rollouter finished since training began (stale
+  drops included: they were generated).
+* ``in_flight_samples``: samples admitted and not yet finished.
+* ``num_active_replicas``: routable replicas, each counted once.
+* ``generation_rate``: samples finished during the latest sync cycle / its wall time.
+* ``consumption_rate``: samples the trainer consumed in the latest cycle / the seconds its
+  ``train_step`` calls took.
+* ``last_train_time_s``: summed compute phases of the latest cycle's fit steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from dynres.core import ScheduleContext
+from dynres.runtime.balancer import LoadBalancer
+from dynres.runtime.controller import Controller
+from dynres.runtime.queue import MessageQueue
+from dynres.runtime.rollouter import Rollouter
+
+
+@dataclass
+class CycleMeasurements:
+    """What the trainer measured over one finished sync cycle."""
+
+    wait_times: tuple[float, ...] = ()
+    """Seconds each collection waited for its samples."""
+    wait_samples: tuple[int, ...] = ()
+    """Samples each collection had to wait for (max(0, required - queue size at wait start))."""
+    cycle_time_s: float = 0.0
+    """Wall time of the cycle (seconds)."""
+    train_time_s: float = 0.0
+    """Summed compute phases of the cycle's fit steps (seconds)."""
+    train_call_s: float = 0.0
+    """Summed duration of the cycle's train_step calls (seconds)."""
+    consumed: int = 0
+    """Samples the trainer consumed in the cycle (count)."""
+    generated: int = 0
+    """Samples the rollouter finished during the cycle (count)."""
+
+
+class RunTracker:
+    """Holds the run's step bookkeeping and builds the ScheduleContext from live state."""
+
+    def __init__(
+        self,
+        *,
+        required_samples: int,
+        trigger_parameter_sync_step: int,
+        staleness_threshold: float,
+        num_standalone_replicas: int,
+        num_hybrid_replicas: int,
+        queue: MessageQueue,
+        rollouter: Rollouter,
+        balancer: LoadBalancer,
+        controller: Controller,
+        now: Callable[[], float],
+    ) -> None:
+        """Track a run over the given live objects (counts in samples and replicas)."""
+        self.required_samples = required_samples
+        """Samples per collection (count)."""
+        self.trigger_parameter_sync_step = trigger_parameter_sync_step
+        """Collections per sync cycle (count)."""
+        self.staleness_threshold = staleness_threshold
+        """verl's staleness_threshold (fraction of a cycle)."""
+        self.num_standalone_replicas = num_standalone_replicas
+        """Standalone replicas in the cluster (count)."""
+        self.num_hybrid_replicas = num_hybrid_replicas
+        """Hybrid replicas in the cluster (count)."""
+        self.global_steps = 0
+        """Completed sync cycles (count)."""
+        self.last = CycleMeasurements()
+        """Measurements of the latest finished cycle."""
+        self.queue = queue
+        self.rollouter = rollouter
+        self.balancer = balancer
+        self.controller = controller
+        self._now = now
+
+    @property
+    def step_required_samples(self) -> int:
+        """required_samples x trigger_parameter_sync_step (samples)."""
+        return self.required_samples * self.trigger_parameter_sync_step
+
+    def end_cycle(self, m: CycleMeasurements) -> None:
+        """Record a finished cycle and count it in global_steps."""
+        self.last = m
+        self.global_steps += 1
+
+    def context(self) -> ScheduleContext:
+        """The context of this instant."""
+        m = self.last
+        return ScheduleContext(
+            global_steps=self.global_steps,
+            now=self._now(),
+            required_samples=self.required_samples,
+            trigger_parameter_sync_step=self.trigger_parameter_sync_step,
+            staleness_threshold=self.staleness_threshold,
+            total_generated_samples=self.rollouter.generated,
+            expected_samples=self.step_required_samples * self.global_steps,
+            queue_size=self.queue.size,
+            in_flight_samples=self.rollouter.in_flight,
+            step_wait_times=m.wait_times,
+            step_wait_samples=m.wait_samples,
+            is_hybrid_active=self.controller.is_hybrid_active,
+            num_standalone_replicas=self.num_standalone_replicas,
+            num_hybrid_replicas=self.num_hybrid_replicas,
+            num_active_replicas=min(
+                self.balancer.num_replicas, self.num_standalone_replicas + self.num_hybrid_replicas
+            ),
+            last_activate_duration_s=self.controller.last_activate_duration_s,
+            last_deactivate_duration_s=self.controller.last_deactivate_duration_s,
+            generation_rate=m.generated / m.cycle_time_s if m.cycle_time_s > 0 else 0.0,
+            consumption_rate=m.consumed / m.train_call_s if m.train_call_s > 0 else 0.0,
+            last_train_time_s=m.train_time_s,
+            last_cycle_time_s=m.cycle_time_s,
+        )
