@@ -328,10 +328,12 @@ class FakeReplica(_FaultsMixin):
                 finally:
                     handle.cancel()
                 elapsed = loop.time() - t0
-                if elapsed >= remaining_s:
+                # Tolerances: on a virtual clock t0 + d - t0 can come out a hair below d.
+                if elapsed + 1e-9 >= remaining_s:
                     gen.produced = gen.target
                 else:
-                    gen.produced = min(gen.target, gen.produced + int(elapsed * self.tokens_per_s))
+                    gained = int(elapsed * self.tokens_per_s + 1e-6)
+                    gen.produced = min(gen.target, gen.produced + gained)
         finally:
             del self._gens[rid]
             if self.log_generate:

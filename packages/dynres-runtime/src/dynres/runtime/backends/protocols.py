@@ -139,7 +139,11 @@ class Replica(Protocol):
         ...
 
     async def abort(self, request_ids: Sequence[str] | None = None) -> list[str]:
-        """Abort the given requests (None = all in flight); return the ids that were aborted."""
+        """Abort the given requests (None = all in flight); return the ids that were aborted.
+
+        Each aborted ``generate`` call returns (soon after) with ``finish_reason="abort"`` and
+        all tokens generated so far; unknown or finished ids are ignored.
+        """
         ...
 
     async def pause(self) -> None:
@@ -151,11 +155,19 @@ class Replica(Protocol):
         ...
 
     async def sleep(self, level: int = 1) -> None:
-        """Release KV cache (level 1 also offloads weights to CPU; level 2 discards them)."""
+        """Release KV cache (level 1 also offloads weights to CPU; level 2 discards them).
+
+        Called only with no request in flight (the controller aborts and drains first). A
+        replica that slept stays paused: ``wake_up`` reallocates memory but schedules nothing
+        until :meth:`resume`, so the controller decides when it becomes productive.
+        """
         ...
 
     async def wake_up(self, tags: Sequence[str] | None = None) -> None:
-        """Reallocate memory: ``tags`` among ``"weights"``, ``"kv_cache"`` (None = all)."""
+        """Reallocate memory: ``tags`` among ``"weights"``, ``"kv_cache"`` (None = all).
+
+        The controller wakes ``["weights"]``, loads the new weights, then wakes ``["kv_cache"]``.
+        """
         ...
 
     async def update_weights(self, update: WeightUpdate) -> None:
