@@ -345,6 +345,9 @@ class LoadBalancer:
                 self.counters.completed += 1
                 return result
             self.counters.aborted += 1
+            if self._draining:
+                self.counters.parked += 1
+                return result if len(result.token_ids) >= len(req.partial_token_ids) else _parked(req)
             req = self._retry_request(req, result)
 
     def _retry_request(self, req: GenerationRequest, result: GenerationResult) -> GenerationRequest:

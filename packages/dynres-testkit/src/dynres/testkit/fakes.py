@@ -551,3 +551,40 @@ class FakeTrainEngine(_FaultsMixin):
         """Nothing to release."""
         await self._enter("shutdown")
         self._record("shutdown", "end")
+
+
+def fake_prompts(
+    count: int | None = None,
+    *,
+    n: int = 1,
+    prompt_tokens: int = 16,
+    max_tokens: int = 1024,
+    response_tokens: int | Callable[[int], int] | None = None,
+    prefix: str = "p",
+) -> Iterator[Any]:
+    """Yield PromptGroups ``p0, p1, ...`` (endless when ``count`` is None).
+
+    :param count: groups to yield (None = endless).
+    :param n: responses per group (count).
+    :param prompt_tokens: prompt length (tokens).
+    :param max_tokens: response token limit (tokens).
+    :param response_tokens: response length for fakes (tokens), or a function of the group
+        index; None lets each FakeReplica use its own default.
+    :param prefix: sample id prefix.
+    """
+    from itertools import count as _count
+
+    from dynres.runtime.samples import PromptGroup
+
+    indices = _count() if count is None else range(count)
+    for i in indices:
+        extra: dict[str, Any] = {}
+        if response_tokens is not None:
+            extra["response_tokens"] = response_tokens(i) if callable(response_tokens) else response_tokens
+        yield PromptGroup(
+            sample_id=f"{prefix}{i}",
+            prompt_token_ids=range(prompt_tokens),
+            n=n,
+            max_tokens=max_tokens,
+            extra=extra,
+        )
