@@ -26,6 +26,7 @@ from __future__ import annotations
 import copy
 import gc
 import importlib
+import inspect
 import json
 import pickle
 import statistics
@@ -263,7 +264,7 @@ def _first_difference(a: Sequence[Any], b: Sequence[Any]) -> tuple[str, Any, Any
     return None
 
 
-def _for_all(strategy: Any, body: Callable[[Any], None], *, max_examples: int, shrink: bool = True) -> None:
+def _for_all(strategy: Any, body: Callable[[Any], None], *, max_examples: int, shrink: bool = False) -> None:
     """Run ``body`` on examples of ``strategy`` with reproducible, side-effect-free settings.
 
     The database is off (no ``.hypothesis`` folder in the author's project) and generation is
@@ -726,6 +727,7 @@ def check_policy(
     expected_failed_checks: Mapping[str, str] | None = None,
     on_fail: Literal["raise", "warn"] | None = "raise",
     end_to_end: bool = True,
+    max_examples: int | None = None,
 ) -> list[CheckResult]:
     """Run every applicable check on ``policy`` without pytest and return one result per check.
 
@@ -733,7 +735,8 @@ def check_policy(
     check is reported as ``xfail`` (or ``xpass``, with a warning, when it passes). Other
     failures raise one :class:`PolicyCheckFailure` listing all of them after every check has run
     (``on_fail="raise"``), emit a :class:`PolicyCheckWarning` each (``"warn"``), or are only
-    returned (``None``).
+    returned (``None``). ``max_examples`` overrides how many generated runs each property check
+    tries (fewer is faster, more finds rarer bugs).
     """
     if on_fail not in ("raise", "warn", None):
         raise ConfigError(f"on_fail must be 'raise', 'warn' or None, not {on_fail!r}")
@@ -745,8 +748,11 @@ def check_policy(
         start = time.perf_counter()
         status: Literal["passed", "failed", "xfail", "xpass", "skipped"]
         message = ""
+        kwargs: dict[str, Any] = {}
+        if max_examples is not None and "max_examples" in inspect.signature(check).parameters:
+            kwargs["max_examples"] = max_examples
         try:
-            check(policy)
+            check(policy, **kwargs)
             status = "xpass" if check.__name__ in expected else "passed"
         except CheckSkipped as exc:
             status, message = "skipped", str(exc)

@@ -1,0 +1,3 @@
+"""Shared setup of the testkit's own tests."""
+
+pytest_plugins = ["pytester"]

@@ -1,0 +1,205 @@
+"""The conformance checks: built-ins pass, each check fails on its broken policy, and the runners."""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+
+import pytest
+
+from dynres.core.errors import ConfigError, DynresError, PolicyNotFoundError, PolicyValidationError
+from dynres.policies.default import DefaultPolicy
+from dynres.policies.fixed_ratio import FixedRatioPolicy
+from dynres.testkit import broken_policies as broken
+from dynres.testkit import checks
+from dynres.testkit.checks import (
+    PolicyCheckFailure,
+    PolicyCheckWarning,
+    all_checks,
+    check_policy,
+    parametrize_with_checks,
+    policy_label,
+    yield_policy_checks,
+)
+
+BUILTINS = ["default", "fixed_ratio", "static_fully_async"]
+
+
+@parametrize_with_checks(BUILTINS)
+def test_builtin_policies_pass_every_check(policy, check):
+    check(policy)
+
+
+# ---- Every check can fail -------------------------------------------------------------------------
+
+BROKEN_CASES = [
+    pytest.param(name, policy, fragment, id=f"{name}[{policy_label(policy)}]")
+    for name, cases in broken.BROKEN_POLICIES.items()
+    for policy, fragment in cases
+]
+
+
+@pytest.mark.parametrize("check_name, policy, fragment", BROKEN_CASES)
+def test_each_check_fails_on_its_broken_policy(check_name, policy, fragment):
+    check = getattr(checks, check_name, None) or next(c for c in all_checks() if c.__name__ == check_name)
+    with pytest.raises(PolicyCheckFailure) as info:
+        check(policy)
+    failure = info.value
+    assert isinstance(failure, AssertionError) and isinstance(failure, DynresError)
+    assert failure.check == check_name
+    assert str(failure).startswith(f"{check_name}[{policy_label(policy)}]: ")
+    assert fragment in str(failure)
+
+
+def test_every_check_has_a_broken_policy():
+    names = [c.__name__ for c in all_checks()]
+    assert sorted(broken.BROKEN_POLICIES) == sorted(names)
+
+
+# Which unit checks each broken policy fails. Most break exactly one property; a random policy
+# cannot survive a save/restore or a pickle comparison either, since those compare decisions.
+ONLY_FAILS = {
+    broken.MisnamedPolicy: {"check_policy_api"},
+    broken.RequiredParamPolicy: {"check_constructible_with_defaults"},
+    broken.IgnoresUnknownParamsPolicy: {"check_params_reject_unknown_keys"},
+    broken.IntInsteadOfBoolPolicy: {"check_decision_types"},
+    broken.NegativeWaitPolicy: {"check_wait_bounds"},
+    broken.UnboundedWaitPolicy: {"check_wait_bounds"},
+    broken.CoinFlipPolicy: {"check_deterministic", "check_state_dict_json_round_trip", "check_picklable"},
+    broken.MutatesContextPolicy: {"check_context_not_mutated"},
+    broken.ForgetfulPolicy: {"check_state_dict_json_round_trip"},
+    broken.DequeStatePolicy: {"check_state_dict_json_round_trip"},
+    broken.QueueFloorPolicy: {"check_only_hybrid_never_deadlocks"},
+    broken.LambdaAttributePolicy: {"check_picklable"},
+    broken.SlowPolicy: {"check_decision_latency"},
+}
+
+
+def _quick(check, policy):
+    # Fewer examples than the default: these runs only need to show which checks pass.
+    kwargs = {}
+    params = inspect.signature(check).parameters
+    if "max_examples" in params:
+        kwargs["max_examples"] = 12
+    if "calls" in params:
+        kwargs["calls"] = 40
+    check(policy, **kwargs)
+
+
+@pytest.mark.parametrize("cls", list(ONLY_FAILS), ids=lambda c: c.__name__)
+def test_broken_policies_fail_only_their_checks(cls):
+    policy = cls({"threshold": 0.5}) if cls is broken.RequiredParamPolicy else cls
+    failed = set()
+    for check in all_checks(end_to_end=False):
+        try:
+            _quick(check, policy)
+        except PolicyCheckFailure:
+            failed.add(check.__name__)
+    assert failed == ONLY_FAILS[cls]
+
+
+def test_broken_table_covers_every_broken_class():
+    classes = {c for _, c in inspect.getmembers(broken, inspect.isclass)
+               if c.__module__ == broken.__name__ and not c.__name__.startswith("_")}
+    assert classes == set(ONLY_FAILS)
+
+
+# ---- Naming the policy -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "spec, label",
+    [
+        ("default", "default"),
+        ("dynres.policies.default:DefaultPolicy", "dynres.policies.default:DefaultPolicy"),
+        (DefaultPolicy, "default"),
+        (DefaultPolicy(), "default"),
+        (FixedRatioPolicy({"deactivate_ratio": 0.5}), "fixed_ratio(deactivate_ratio=0.5)"),
+    ],
+)
+def test_policy_forms_and_labels(spec, label):
+    assert policy_label(spec) == label
+    checks.check_decision_types(spec, max_examples=5)
+    checks.check_state_dict_json_round_trip(spec, max_examples=5)
+
+
+def test_instances_are_tested_with_their_params_and_not_touched():
+    policy = FixedRatioPolicy({"deactivate_ratio": 0.97})
+    # 0.97 x step_required stays within step_required + buffer, so it passes; the copy is used.
+    checks.check_wait_bounds(policy, max_examples=5)
+    assert policy.params.deactivate_ratio == 0.97
+
+
+def test_unknown_policy_names_are_dynres_errors():
+    with pytest.raises(PolicyNotFoundError, match="installed policies: .*default"):
+        list(yield_policy_checks("no_such_policy"))
+    with pytest.raises(PolicyValidationError, match="not a dynres policy"):
+        checks.check_policy_api("dynres.core:ScheduleContext")
+
+
+def test_yield_policy_checks_can_leave_out_end_to_end():
+    unit = [c.__name__ for c in yield_policy_checks("default", end_to_end=False)]
+    assert unit[0] == "check_policy_api" and not any(n.startswith("check_e2e") for n in unit)
+    every = [c.__name__ for c in yield_policy_checks("default")]
+    assert every[: len(unit)] == unit
+
+
+# ---- check_policy ----------------------------------------------------------------------------------
+
+
+def test_check_policy_raises_one_error_listing_failures():
+    with pytest.raises(PolicyCheckFailure) as info:
+        check_policy(broken.QueueFloorPolicy, end_to_end=False, max_examples=5)
+    text = str(info.value)
+    assert text.startswith("check_policy[queue_floor_unguarded]: 1 of 11 checks failed:")
+    assert "- check_only_hybrid_never_deadlocks[queue_floor_unguarded]: " in text
+
+
+def test_check_policy_expected_failures_and_warn_mode():
+    results = check_policy(
+        broken.QueueFloorPolicy,
+        expected_failed_checks={"check_only_hybrid_never_deadlocks": "sketch from DESIGN.md"},
+        end_to_end=False,
+        max_examples=5,
+    )
+    status = {r.check: r.status for r in results}
+    assert status.pop("check_only_hybrid_never_deadlocks") == "xfail"
+    assert set(status.values()) == {"passed"}
+
+    with pytest.warns(PolicyCheckWarning, match="passed although expected_failed_checks"):
+        check_policy(
+            "static_fully_async", expected_failed_checks={"check_picklable": "?"}, end_to_end=False, max_examples=5
+        )
+
+    with pytest.warns(PolicyCheckWarning, match="check_picklable\\[lambda_attribute\\]"):
+        results = check_policy(broken.LambdaAttributePolicy, on_fail="warn", end_to_end=False, max_examples=5)
+    assert [r.check for r in results if r.status == "failed"] == ["check_picklable"]
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        results = check_policy(broken.LambdaAttributePolicy, on_fail=None, end_to_end=False, max_examples=5)
+    assert sum(r.status == "failed" for r in results) == 1
+
+
+def test_check_policy_rejects_unknown_check_names_and_modes():
+    with pytest.raises(ConfigError, match="did you mean 'check_picklable'"):
+        check_policy("default", expected_failed_checks={"check_pickleable": "typo"}, end_to_end=False)
+    with pytest.raises(ConfigError, match="on_fail"):
+        check_policy("default", on_fail="explode")  # type: ignore[arg-type]
+
+
+def test_parametrize_with_checks_ids_and_xfail_marks():
+    mark = parametrize_with_checks(
+        [broken.QueueFloorPolicy, "default"],
+        expected_failed_checks=lambda p: {"check_only_hybrid_never_deadlocks": "known"}
+        if p is broken.QueueFloorPolicy
+        else None,
+        end_to_end=False,
+    )
+    assert mark.args[0] == "policy, check"
+    params = mark.args[1]
+    ids = [p.id for p in params]
+    assert ids[0] == "check_policy_api[queue_floor_unguarded]"
+    assert "check_decision_latency[default]" in ids
+    xfails = [p.id for p in params if p.marks]
+    assert xfails == ["check_only_hybrid_never_deadlocks[queue_floor_unguarded]"]
