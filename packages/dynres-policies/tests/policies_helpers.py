@@ -34,8 +34,9 @@ class ReferenceDefault:
     bound, and the activation gate stores the per-sample estimate as a side effect.
     """
 
-    def __init__(self, ratio: float = 0.3) -> None:
+    def __init__(self, ratio: float = 0.3, *, floor: bool = False) -> None:
         self.ratio = ratio
+        self.floor = floor  # True: clamp at 0 like dynres, to compare whole runs
         self.switch_costs: list[float] = []
         self.per_sample_time_s = 1000.0
 
@@ -70,6 +71,8 @@ class ReferenceDefault:
             self.ratio = min(1.0, self.ratio + step)
         else:
             self.ratio -= 0.02
+            if self.floor:
+                self.ratio = max(0.0, self.ratio)
 
 
 # ---- Hypothesis strategies ---------------------------------------------------------------------
@@ -79,7 +82,11 @@ _often_zero_seconds = st.one_of(st.just(0.0), st.floats(0.0, 600.0))
 
 @st.composite
 def contexts(
-    draw: st.DrawFn, *, only_hybrid: bool | None = None, max_global_steps: int = 50
+    draw: st.DrawFn,
+    *,
+    only_hybrid: bool | None = None,
+    max_global_steps: int = 50,
+    global_steps: int | None = None,
 ) -> ScheduleContext:
     """Random valid contexts over the whole field space (sizes kept within realistic bounds)."""
     required = draw(st.integers(1, 256))
@@ -91,7 +98,8 @@ def contexts(
     hybrid = draw(st.integers(1 if only_hybrid else 0, 16))
     active = draw(st.integers(0, standalone + hybrid))
     step_required = required * trigger
-    global_steps = draw(st.integers(0, max_global_steps))
+    if global_steps is None:
+        global_steps = draw(st.integers(0, max_global_steps))
     expected = draw(st.one_of(st.just(step_required * global_steps), st.integers(0, 100_000)))
     return ScheduleContext(
         global_steps=global_steps,
@@ -147,3 +155,12 @@ def params_for(name: str) -> st.SearchStrategy[dict[str, Any]]:
     if name == "fixed_ratio":
         return st.fixed_dictionaries({"deactivate_ratio": st.floats(0.0, 1.0)})
     return st.just({})
+
+
+@st.composite
+def runs(draw: st.DrawFn, max_cycles: int = 12) -> list[ScheduleContext]:
+    """Consecutive cycles of one cluster: global_steps counts up (often from 0), shape fixed."""
+    only_hybrid = draw(st.sampled_from([False, False, False, True]))
+    first = draw(st.one_of(st.just(0), st.integers(0, 50)))
+    cycles = draw(st.integers(1, max_cycles))
+    return [draw(contexts(only_hybrid=only_hybrid, global_steps=first + k)) for k in range(cycles)]

@@ -318,6 +318,7 @@ def test_difference_3_state_round_trip_through_json_gives_identical_decisions():
     assert resumed.state_dict() != trained.state_dict()
     resumed.load_state_dict(saved)
     assert resumed.state_dict() == trained.state_dict()
+    assert vars(resumed) == vars(trained)
 
     for step in range(4, 16):
         ctx = make_ctx(
