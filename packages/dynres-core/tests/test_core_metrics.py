@@ -103,6 +103,12 @@ def test_zero_capacity_intervals_carry_no_weight():
     assert rollout_resource_utilization(without, 10.0) == approx(0.5)
 
 
+def test_negative_capacity_is_skipped_like_zero():
+    # A bogus negative capacity must neither subtract weight nor count as use.
+    points = [RolloutPoint(0.0, 8, 16), RolloutPoint(5.0, 8, -16), RolloutPoint(10.0, 8, 16)]
+    assert rollout_resource_utilization(points, 15.0) == approx(0.5)
+
+
 def test_zero_length_intervals_carry_no_weight():
     points = [RolloutPoint(0.0, 0, 16), RolloutPoint(0.0, 16, 16), RolloutPoint(4.0, 4, 16)]
     assert rollout_resource_utilization(points, 8.0) == approx((4 * 16 + 4 * 4) / (8 * 16))
