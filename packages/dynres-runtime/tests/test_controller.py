@@ -1,0 +1,319 @@
+"""Controller: activation/deactivation ordering, concurrency, timeouts, failures, hooks, rebalance."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from dynres.core import get_plugin_manager, hookimpl
+from dynres.core.errors import RuntimeStateError
+from dynres.runtime.backends.protocols import GenerationRequest, Replica, WeightUpdate
+from dynres.runtime.balancer import LoadBalancer
+from dynres.runtime.controller import Controller, ControllerState
+from dynres.runtime.ops import OpRunner
+from dynres.testkit.fakes import FakeReplica, FakeTrainEngine, OpRecord
+
+
+class LoggingBalancer(LoadBalancer):
+    """Writes routing membership changes into the shared op log (target ``balancer``)."""
+
+    def __init__(self, log: list[OpRecord], **kw: Any) -> None:
+        super().__init__(**kw)
+        self.log = log
+
+    def _note(self, op: str, rid: str) -> None:
+        self.log.append(OpRecord(asyncio.get_running_loop().time(), "balancer", op, "end", rid))
+
+    def add_replica(self, replica: Replica) -> None:
+        super().add_replica(replica)
+        self._note("add", replica.replica_id)
+
+    def remove_replica(self, replica_id: str) -> list[str]:
+        out = super().remove_replica(replica_id)
+        self._note("remove", replica_id)
+        return out
+
+
+class Cluster:
+    def __init__(
+        self,
+        n_hybrid: int = 2,
+        n_standalone: int = 1,
+        *,
+        latency: float = 0.0,
+        timeout_s: float = 5.0,
+        hybrid_kw: dict[int, dict[str, Any]] | None = None,
+        pm: Any = None,
+        **replica_kw: Any,
+    ) -> None:
+        self.log: list[OpRecord] = []
+        kw = {"tokens_per_s": 1000.0, "response_tokens": 300, **replica_kw}
+        self.standalone = [FakeReplica(f"s{i}", log=self.log, **kw) for i in range(n_standalone)]
+        self.hybrid = [
+            FakeReplica(f"h{i}", "hybrid", log=self.log, latency=latency, **{**kw, **(hybrid_kw or {}).get(i, {})})
+            for i in range(n_hybrid)
+        ]
+        self.engine = FakeTrainEngine(log=self.log, latency=latency)
+        self.lb = LoggingBalancer(self.log, sticky_capacity=0)
+        self.ops = OpRunner(timeout_s=timeout_s, now=lambda: asyncio.get_running_loop().time())
+        self.ctl = Controller(
+            balancer=self.lb,
+            train_engine=self.engine,
+            hybrid=self.hybrid,
+            ops=self.ops,
+            pm=pm,
+            now=lambda: asyncio.get_running_loop().time(),
+        )
+
+    def register_standalone(self) -> None:
+        for r in self.standalone:
+            self.lb.add_replica(r)
+
+    def idx(self, target: str, op: str, event: str, detail: str | None = None) -> int:
+        for i, r in enumerate(self.log):
+            if r.target == target and r.op == op and r.event == event and (detail is None or r.detail == detail):
+                return i
+        raise AssertionError(f"no {target} {op} {event} {detail or ''} in the op log")
+
+    def violations(self) -> list[str]:
+        return [v for r in [*self.standalone, *self.hybrid] for v in r.violations] + self.engine.violations
+
+
+def req(i: int) -> GenerationRequest:
+    return GenerationRequest(f"r{i}", f"s{i}", [1], 10_000)
+
+
+UPDATE = WeightUpdate(version=3)
+
+
+def test_activation_order_weights_before_routable_then_resume() -> None:
+    async def main() -> None:
+        c = Cluster(n_hybrid=3, latency=0.01)
+        c.register_standalone()
+        assert await c.ctl.activate(UPDATE)
+        offload_end = c.idx("trainer", "offload", "end")
+        for h in c.hybrid:
+            rid = h.replica_id
+            wake_w = c.idx(rid, "wake_up", "start", "weights")
+            upd_start, upd_end = c.idx(rid, "update_weights", "start"), c.idx(rid, "update_weights", "end")
+            wake_kv = c.idx(rid, "wake_up", "start", "kv_cache")
+            add = c.idx("balancer", "add", "end", rid)
+            resume = c.idx(rid, "resume", "start")
+            assert offload_end < wake_w < upd_start < upd_end < wake_kv < add < resume
+            assert h.weight_version == 3 and not h.paused and not h.sleeping
+        assert c.ctl.state is ControllerState.HYBRID_ACTIVE
+        assert sorted(c.lb.replica_ids) == ["h0", "h1", "h2", "s0"]
+        assert c.ctl.last_activate_duration_s > 0
+        assert c.violations() == []
+
+    asyncio.run(main())
+
+
+def test_deactivation_order_cut_abort_drain_sleep_onload() -> None:
+    async def main() -> None:
+        c = Cluster(n_hybrid=2, latency=0.01)
+        c.register_standalone()
+        await c.ctl.activate(UPDATE)
+        tasks = [asyncio.create_task(c.lb.generate(req(i))) for i in range(9)]
+        await asyncio.sleep(0.05)
+        on_hybrid = [r for h in c.hybrid for r in h.in_flight_ids]
+        assert on_hybrid  # the hybrid replicas have work to lose
+        await c.ctl.deactivate()
+        onload = c.idx("trainer", "onload", "start")
+        for h in c.hybrid:
+            rid = h.replica_id
+            remove = c.idx("balancer", "remove", "end", rid)
+            abort_start, abort_end = c.idx(rid, "abort", "start"), c.idx(rid, "abort", "end")
+            sleep_start, sleep_end = c.idx(rid, "sleep", "start"), c.idx(rid, "sleep", "end")
+            assert remove < abort_start < abort_end < sleep_start < sleep_end < onload
+        assert c.ctl.state is ControllerState.STANDALONE_ONLY
+        assert c.lb.replica_ids == ["s0"]
+        assert c.ctl.last_deactivate_duration_s > 0
+        results = await asyncio.gather(*tasks)
+        # every request finished exactly once, the aborted ones on the standalone replica with
+        # the output they had on the hybrid replicas
+        assert sorted(r.request_id for r in results) == sorted(f"r{i}" for i in range(9))
+        done = Counter(x for r in [*c.standalone, *c.hybrid] for x in r.completed)
+        assert set(done.values()) == {1}
+        for rid in on_hybrid:
+            assert c.standalone[0].resumed_with[rid] > 0
+        assert all(list(r.token_ids) == list(range(300)) for r in results)
+        assert c.violations() == []  # in particular: no sleep with requests in flight
+
+    asyncio.run(main())
+
+
+def test_operations_on_many_replicas_run_concurrently() -> None:
+    async def main() -> None:
+        c = Cluster(n_hybrid=6, latency=0.02)
+        await c.ctl.activate(UPDATE)
+        await c.ctl.deactivate()
+        for op in ("wake_up", "update_weights", "resume", "abort", "sleep"):
+            starts = [i for i, r in enumerate(c.log) if r.op == op and r.event == "start" and r.target.startswith("h")]
+            ends = [i for i, r in enumerate(c.log) if r.op == op and r.event == "end" and r.target.startswith("h")]
+            assert max(starts[:6]) < min(ends), f"{op} ran one replica after another"
+
+    asyncio.run(main())
+
+
+def test_hung_sleep_times_out_names_the_replica_and_run_continues() -> None:
+    async def main() -> None:
+        c = Cluster(n_hybrid=2, timeout_s=0.1, hybrid_kw={1: {"hang_on": {"sleep"}}})
+        c.register_standalone()
+        await c.ctl.activate(UPDATE)
+        await c.ctl.deactivate()
+        assert c.ctl.state is ControllerState.STANDALONE_ONLY
+        failure = [f for f in c.ops.failures if f.op == "sleep"]
+        assert len(failure) == 1 and failure[0].target == "h1" and failure[0].timeout
+        assert "h1" in c.ctl.quarantined
+        assert not c.engine.offloaded  # the trainer got its GPUs back anyway
+        assert await c.ctl.activate(UPDATE)  # the next activation uses the healthy replica only
+        assert sorted(c.lb.replica_ids) == ["h0", "s0"]
+
+    asyncio.run(main())
+
+
+def test_hung_abort_evicts_requests_to_standalone() -> None:
+    async def main() -> None:
+        c = Cluster(n_hybrid=1, timeout_s=0.1, hybrid_kw={0: {"hang_on": {"abort"}}})
+        c.register_standalone()
+        await c.ctl.activate(UPDATE)
+        tasks = [asyncio.create_task(c.lb.generate(req(i))) for i in range(4)]
+        await asyncio.sleep(0.02)
+        assert c.hybrid[0].in_flight_ids
+        await c.ctl.deactivate()
+        results = await asyncio.gather(*tasks)
+        assert {r.replica_id for r in results} == {"s0"}
+        assert c.lb.counters.evicted >= 1
+        assert any(f.op == "abort" and f.target == "h0" for f in c.ops.failures)
+
+    asyncio.run(main())
+
+
+def test_failed_wake_up_quarantines_that_replica_only() -> None:
+    async def main() -> None:
+        c = Cluster(n_hybrid=2, hybrid_kw={0: {"fail_on": {"wake_up": RuntimeError}}})
+        assert await c.ctl.activate(UPDATE)
+        assert c.lb.replica_ids == ["h1"]
+        assert "h0" in c.ctl.quarantined
+        assert c.hybrid[0].ops("sleep")  # asked to give its memory back
+        assert any(f.op == "wake_up" and f.target == "h0" for f in c.ops.failures)
+
+    asyncio.run(main())
+
+
+def test_activation_with_every_replica_failing_gives_the_gpus_back() -> None:
+    async def main() -> None:
+        c = Cluster(n_hybrid=2, hybrid_kw={i: {"fail_on": {"update_weights": RuntimeError}} for i in range(2)})
+        assert not await c.ctl.activate(UPDATE)
+        assert c.ctl.state is ControllerState.STANDALONE_ONLY
+        assert not c.engine.offloaded
+        assert c.lb.replica_ids == []
+        assert not await c.ctl.activate(UPDATE)  # nothing usable left: a no-op
+
+    asyncio.run(main())
+
+
+def test_trainer_offload_failure_cancels_activation() -> None:
+    async def main() -> None:
+        c = Cluster(n_hybrid=2)
+        c.engine.fail_on["offload"] = RuntimeError
+        assert not await c.ctl.activate(UPDATE)
+        assert c.ctl.state is ControllerState.STANDALONE_ONLY
+        assert all(not h.ops("wake_up") for h in c.hybrid)
+
+    asyncio.run(main())
+
+
+def test_state_transitions_are_reported_through_the_hook() -> None:
+    seen: list[tuple[str, str]] = []
+
+    class Observer:
+        @hookimpl
+        def dynres_state_transition(self, old_state: str, new_state: str, now: float) -> None:
+            seen.append((old_state, new_state))
+
+    pm = get_plugin_manager(load_plugins=False)
+    pm.register(Observer())
+
+    async def main() -> None:
+        c = Cluster(n_hybrid=1, pm=pm)
+        c.register_standalone()
+        await c.ctl.activate(UPDATE)
+        await c.ctl.rebalance()
+        await c.ctl.deactivate()
+
+    asyncio.run(main())
+    assert seen == [
+        ("STANDALONE_ONLY", "ACTIVATING"),
+        ("ACTIVATING", "HYBRID_ACTIVE"),
+        ("HYBRID_ACTIVE", "REBALANCING"),
+        ("REBALANCING", "HYBRID_ACTIVE"),
+        ("HYBRID_ACTIVE", "DEACTIVATING"),
+        ("DEACTIVATING", "STANDALONE_ONLY"),
+    ]
+
+
+def test_rebalance_aborts_only_requests_that_should_move() -> None:
+    async def main() -> None:
+        c = Cluster(n_hybrid=2, n_standalone=2, manual=True)
+        c.register_standalone()
+        tasks = [asyncio.create_task(c.lb.generate(req(i))) for i in range(8)]
+        await asyncio.sleep(0.01)
+        await c.ctl.activate(UPDATE)
+        moved = await c.ctl.rebalance()
+        await asyncio.sleep(0.01)
+        assert moved == 4  # 4 + 4 on two replicas, 2 each on four replicas
+        assert c.lb.in_flight_counts() == {"s0": 2, "s1": 2, "h0": 2, "h1": 2}
+        aborts = [r for r in c.log if r.op == "abort" and r.event == "start"]
+        assert {r.target for r in aborts} == {"s0", "s1"} and all(r.detail == "2 requests" for r in aborts)
+        for r in [*c.standalone, *c.hybrid]:
+            for rid in r.in_flight_ids:
+                r.finish(rid)
+        await asyncio.gather(*tasks)
+
+    asyncio.run(main())
+
+
+def test_rebalance_after_activation_with_balanced_load_aborts_nothing() -> None:
+    async def main() -> None:
+        c = Cluster(n_hybrid=2, n_standalone=2, manual=True)
+        c.register_standalone()
+        await c.ctl.activate(UPDATE)
+        assert await c.ctl.rebalance() == 0
+        assert not [r for r in c.log if r.op == "abort"]
+
+    asyncio.run(main())
+
+
+def test_weight_sync_failure_quarantines_standalone_and_moves_its_requests() -> None:
+    async def main() -> None:
+        c = Cluster(n_hybrid=0, n_standalone=2)
+        c.register_standalone()
+        tasks = [asyncio.create_task(c.lb.generate(req(i))) for i in range(4)]
+        await asyncio.sleep(0.02)
+        c.standalone[0].fail_on["update_weights"] = RuntimeError
+        failed = await c.ctl.sync_weights(c.standalone, UPDATE)
+        assert [r.replica_id for r in failed] == ["s0"]
+        assert c.lb.replica_ids == ["s1"] and c.standalone[1].weight_version == 3
+        results = await asyncio.gather(*tasks)
+        assert all(list(r.token_ids) == list(range(300)) for r in results)
+
+    asyncio.run(main())
+
+
+def test_transitions_in_the_wrong_state_are_errors() -> None:
+    async def main() -> None:
+        c = Cluster(n_hybrid=1)
+        with pytest.raises(RuntimeStateError, match="cannot deactivate in controller state STANDALONE_ONLY"):
+            await c.ctl.deactivate()
+        with pytest.raises(RuntimeStateError, match="cannot rebalance"):
+            await c.ctl.rebalance()
+        await c.ctl.activate(UPDATE)
+        with pytest.raises(RuntimeStateError, match="cannot activate in controller state HYBRID_ACTIVE"):
+            await c.ctl.activate(UPDATE)
+
+    asyncio.run(main())
