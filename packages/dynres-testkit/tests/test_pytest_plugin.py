@@ -8,6 +8,8 @@ import textwrap
 
 import pytest
 
+pytest_plugins = ["pytester"]
+
 BROKEN = "dynres.testkit.broken_policies"
 
 

@@ -1,3 +1,0 @@
-"""Shared setup of the testkit's own tests."""
-
-pytest_plugins = ["pytester"]
