@@ -88,16 +88,27 @@ class _DaemonThreadExecutor(concurrent.futures.Executor):
         return fut
 
 
+def _numpy_kind(v: Any) -> str:
+    # numpy scalars without importing numpy: their dtype kind ('b' bool, 'i'/'u' integers).
+    if type(v).__module__ != "numpy":
+        return ""
+    dtype = getattr(v, "dtype", None)
+    return getattr(dtype, "kind", "") if getattr(v, "ndim", 1) == 0 else ""
+
+
 def _is_bool(v: Any) -> bool:
-    return isinstance(v, bool) or type(v).__name__ == "bool_"
+    return isinstance(v, bool) or _numpy_kind(v) == "b"
 
 
 def _is_int(v: Any) -> bool:
-    if _is_bool(v):
+    if isinstance(v, bool):
         return False
-    if isinstance(v, int):
-        return True
-    return type(v).__module__ == "numpy" and hasattr(v, "dtype") and v.dtype.kind in "iu"
+    return isinstance(v, int) or _numpy_kind(v) in ("i", "u")
+
+
+def _type_name(v: Any) -> str:
+    t = type(v)
+    return t.__name__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
 
 
 def _safe_value(method: str, ctx: ScheduleContext) -> Any:
@@ -115,13 +126,13 @@ def _safe_value(method: str, ctx: ScheduleContext) -> Any:
 def check_answer(method: str, value: Any) -> str:
     """Return why ``value`` is not a valid answer of ``method`` ('' when it is valid)."""
     if method in BOOL_DECISIONS:
-        return "" if _is_bool(value) else f"expected bool, got {type(value).__name__}"
+        return "" if _is_bool(value) else f"expected bool, got {_type_name(value)}"
     if method == "deactivate_wait_samples":
         if not _is_int(value):
-            return f"expected int >= 0, got {type(value).__name__}"
+            return f"expected int >= 0, got {_type_name(value)}"
         return "" if int(value) >= 0 else f"expected int >= 0, got {int(value)}"
     if method == "update_after_step":
-        return "" if value is None else f"expected None, got {type(value).__name__}"
+        return "" if value is None else f"expected None, got {_type_name(value)}"
     raise ValueError(f"unknown policy method {method!r}")
 
 

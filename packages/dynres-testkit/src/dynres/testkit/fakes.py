@@ -588,3 +588,53 @@ def fake_prompts(
             max_tokens=max_tokens,
             extra=extra,
         )
+
+
+class FakeCluster:
+    """Standalone and hybrid fake replicas plus a fake trainer sharing one op log."""
+
+    def __init__(
+        self,
+        n_standalone: int = 2,
+        n_hybrid: int = 2,
+        *,
+        tokens_per_s: float = 2000.0,
+        response_tokens: int | Callable[[GenerationRequest], int] = 20,
+        latency: float | Mapping[str, float] = 0.0,
+        phase_times: Mapping[str, float] | None = None,
+        train_latency: float | Mapping[str, float] = 0.0,
+        log_generate: bool = True,
+    ) -> None:
+        """Build ``n_standalone`` standalone (``s0``...) and ``n_hybrid`` hybrid (``h0``...) replicas.
+
+        Replica arguments (tokens/s, response tokens, latency in seconds) apply to all replicas;
+        ``phase_times`` (seconds per phase) and ``train_latency`` (seconds) to the trainer.
+        """
+        self.log: list[OpRecord] = []
+        """The shared op log."""
+        kw: dict[str, Any] = {
+            "tokens_per_s": tokens_per_s,
+            "response_tokens": response_tokens,
+            "latency": latency,
+            "log": self.log,
+            "log_generate": log_generate,
+        }
+        self.standalone = [FakeReplica(f"s{i}", ReplicaKind.STANDALONE, **kw) for i in range(n_standalone)]
+        """Standalone replicas."""
+        self.hybrid = [FakeReplica(f"h{i}", ReplicaKind.HYBRID, **kw) for i in range(n_hybrid)]
+        """Hybrid replicas (start asleep)."""
+        self.engine = FakeTrainEngine(
+            phase_times=phase_times if phase_times is not None else {"update_actor": 0.005},
+            latency=train_latency,
+            log=self.log,
+        )
+        """The fake trainer."""
+
+    @property
+    def replicas(self) -> list[FakeReplica]:
+        """All replicas, standalone first."""
+        return [*self.standalone, *self.hybrid]
+
+    def violations(self) -> list[str]:
+        """Every lifecycle violation recorded by any fake (must be empty)."""
+        return [v for r in self.replicas for v in r.violations] + self.engine.violations
