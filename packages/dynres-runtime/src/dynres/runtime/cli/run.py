@@ -1,0 +1,147 @@
+"""``dynres run CONFIG``: start a real fully-async run from one YAML file and follow it.
+
+Progress goes to stderr (a rich progress bar on a terminal, one line per cycle always); the
+summary (or the RunReport as JSON with ``--json``) goes to stdout. Files land in ``--out``:
+``metrics.jsonl`` (one record per cycle, written as cycles finish), ``report.json``,
+``backend.json`` and ``plots/``. Ctrl-C stops cleanly (in-flight requests aborted, engines shut
+down, Ray stopped) and exits with status 130; a bad config or a backend failure prints one line
+and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+EXIT_INTERRUPTED = 130
+"""Exit status after Ctrl-C (128 + SIGINT), as shells report it."""
+
+
+def _parse_set(values: tuple[str, ...]) -> dict[str, Any]:
+    """``KEY=VALUE`` pairs (VALUE read as YAML, so numbers and booleans keep their type)."""
+    import yaml
+
+    from dynres.core.errors import ConfigError
+
+    out: dict[str, Any] = {}
+    for item in values:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set {item!r}: write it as section.key=value, e.g. run.steps=3")
+        out[key.strip()] = yaml.safe_load(raw) if raw.strip() else None
+    return out
+
+
+@click.command(name="run")
+@click.argument("config", type=click.Path(dir_okay=False))
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Output directory (default: dynres-runs/<config name>).")
+@click.option("--steps", type=int, default=None, help="Override run.steps (sync cycles).")
+@click.option("--policy", default=None, help="Override async_training.dynamic_schedule_policy.")
+@click.option("--address", default=None, help="Override cluster.address (join an existing Ray cluster).")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
+              help="Override any key, dotted (repeatable), e.g. --set engines.runtime=local.")
+@click.option("--json", "as_json", is_flag=True, help="Print the RunReport as JSON on stdout.")
+@click.option("--no-progress", is_flag=True, help="No progress bar (cycle lines are still printed).")
+@click.option("--no-plots", is_flag=True, help="Do not write plots.")
+@click.option("-v", "--verbose", count=True, help="More log output (-v: info, -vv: debug).")
+def command(
+    config: str, out_dir: str | None, steps: int | None, policy: str | None, address: str | None,
+    sets: tuple[str, ...], as_json: bool, no_progress: bool, no_plots: bool, verbose: int,
+) -> None:
+    """Run fully-async training from CONFIG (engines, cluster, model, policy, steps) and report."""
+    from rich.console import Console
+
+    from dynres.runtime.realrun import execute, load_run_config, operations_lines, reward_key
+
+    level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    overrides = _parse_set(sets)
+    if steps is not None:
+        overrides["run.steps"] = steps
+    if policy is not None:
+        overrides["async_training.dynamic_schedule_policy"] = policy
+    if address is not None:
+        overrides["cluster.address"] = address
+    cfg = load_run_config(config, overrides)
+    out = Path(out_dir) if out_dir else Path("dynres-runs") / Path(config).stem
+    err = Console(stderr=True, highlight=False)
+    total = cfg.run.steps
+    err.print(
+        f"dynres run: {total} cycles, policy {cfg.async_training.dynamic_schedule_policy} "
+        f"(dynamic scheduling {'on' if cfg.async_training.use_dynamic_resource_scheduling else 'off'}), "
+        f"{cfg.num_standalone_replicas} standalone + {cfg.num_hybrid_replicas} hybrid {cfg.engines.rollout} "
+        f"replicas, {cfg.engines.trainer} trainer, runtime {cfg.engines.runtime}; output in {out}"
+    )
+    progress, task = _progress(err, total, disabled=no_progress)
+
+    def on_cycle(cycle: Any, rec: dict[str, Any]) -> None:
+        rk = reward_key(rec)
+        reward = f" reward {rec[rk]:.3f}" if rk else ""
+        hybrid = ("A" if cycle.activated else "-") + ("D" if cycle.deactivated else "-")
+        line = (
+            f"cycle {cycle.step:>3}/{total} {cycle.duration_s:6.2f} s  hybrid {hybrid}  "
+            f"util {rec.get('dynamic_resource/resource_utilization', 0.0):.2f}  "
+            f"mq {int(rec.get('dynamic_resource/mq_size', 0))}{reward}"
+        )
+        if progress is not None:
+            progress.console.print(line)
+            progress.update(task, completed=cycle.step)
+        else:
+            err.print(line)
+
+    def on_status(status: dict[str, Any]) -> None:
+        if progress is not None:
+            progress.update(task, status=f"{status.get('state', '?')} queue {status.get('queue', 0)} "
+                                         f"in-flight {status.get('in_flight', 0)}")
+
+    try:
+        if progress is not None:
+            with progress:
+                outcome = execute(cfg, out, on_cycle=on_cycle, on_status=on_status, plots=not no_plots)
+        else:
+            outcome = execute(cfg, out, on_cycle=on_cycle, on_status=on_status, plots=not no_plots)
+    except KeyboardInterrupt:
+        err.print(
+            f"dynres: interrupted; in-flight work aborted, engines shut down, Ray stopped. "
+            f"Finished cycles are in {out / 'metrics.jsonl'}"
+        )
+        sys.exit(EXIT_INTERRUPTED)
+    report = outcome.report
+    if as_json:
+        click.echo(report.to_json())
+        return
+    s = report.samples
+    click.echo(f"finished {len(report.cycles)} cycles in {report.end_to_end_s:.1f} s (policy {report.policy})")
+    click.echo(
+        f"samples: generated {s.generated}, consumed {s.consumed}, dropped stale {s.dropped_stale}, "
+        f"queued at end {s.queued_at_end}, partial at end {s.partial_at_end}, failed {s.failed}, "
+        f"duplicates {s.duplicates}; requests aborted {s.aborted}, resumed {s.resumed}"
+    )
+    for line in operations_lines(report):
+        click.echo(line)
+    lags = outcome.backend.get("loop_lag")
+    if lags:
+        click.echo("event-loop max gap (ms): " + ", ".join(f"{k} {v:g}" for k, v in lags.items()))
+    if report.quarantined:
+        for rid, why in report.quarantined.items():
+            click.echo(f"replica {rid} was taken out of the run: {why}")
+    click.echo(f"metrics: {out / 'metrics.jsonl'}; report: {out / 'report.json'}")
+
+
+def _progress(console: Any, total: int, *, disabled: bool) -> tuple[Any, Any]:
+    """A rich progress bar over cycles, or (None, None) when disabled or not on a terminal."""
+    if disabled or not console.is_terminal:
+        return None, None
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    progress = Progress(
+        TextColumn("[bold]cycles"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        TextColumn("{task.fields[status]}"), console=console, transient=True,
+    )
+    task = progress.add_task("run", total=total, status="starting")
+    return progress, task
