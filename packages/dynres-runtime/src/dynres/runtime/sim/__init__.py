@@ -6,3 +6,21 @@
 * :mod:`.presets`   the shipped presets (YAML package data)
 * :mod:`.bound`     the analytic lower bound on end-to-end time
 """
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from dynres.runtime.sim.runner import SimResult, simulate
+
+__all__ = ["SimResult", "simulate"]
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy: importing dynres.runtime.sim (e.g. for presets) must not import the whole runtime.
+    if name in __all__:
+        from dynres.runtime.sim import runner
+
+        return getattr(runner, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -142,6 +142,15 @@ class TrainConfig(StrictModel):
         le=1.5,
         description="Step time scales as (reference_gpus / trainer_gpus) ** exponent (1 = linear).",
     )
+    optimizer_offload_below_gpus: int = Field(
+        0,
+        ge=0,
+        description="With fewer trainer GPUs than this the training state does not fit in GPU "
+        "memory and the optimizer is offloaded to CPU (count; 0 = never).",
+    )
+    optimizer_offload_slowdown: float = Field(
+        1.0, ge=1.0, le=10.0, description="Factor on step time while the optimizer is offloaded (x)."
+    )
     token_fraction: float = Field(
         1.0,
         ge=0.0,

@@ -29,10 +29,12 @@ request fraction.
 
 4. **Training** one fit step on ``G`` trainer GPUs with ``T`` tokens (prompts + responses)::
 
-       train_s = step_s * ((1 - a) + a * T / T_0) * (G_ref / G) ** e
+       train_s = step_s * ((1 - a) + a * T / T_0) * (G_ref / G) ** e * (s_off if G < G_off else 1)
 
-   with ``a`` the token fraction, ``e`` the scaling exponent and ``T_0`` the tokens of a step-0
-   batch of mean length (``required_samples * n * (P + E[min(L, max_tokens)])``).
+   with ``a`` the token fraction, ``e`` the scaling exponent, ``T_0`` the tokens of a step-0
+   batch of mean length (``required_samples * n * (P + E[min(L, max_tokens)])``), and
+   ``s_off`` the slowdown of offloading the optimizer to CPU when fewer than ``G_off`` GPUs
+   cannot hold the training state.
 5. **Weight sync, switches**: fixed durations from the scenario's ``costs`` section, paid by the
    replica or trainer operation the runtime calls (``update_weights``, ``sleep``, ``wake_up``,
    ``abort``, ``offload``, ``onload``, ``export_weights``).
@@ -173,9 +175,10 @@ def reference_batch_tokens(scenario: Scenario) -> float:
 
 
 def train_step_seconds(batch_tokens: float, reference_tokens: float, cfg: TrainConfig, gpus: int) -> float:
-    """step_s * ((1 - a) + a * T / T_0) * (G_ref / G) ** e: compute time of one fit step (seconds)."""
+    """step_s * ((1 - a) + a * T / T_0) * (G_ref / G) ** e [* s_off]: one fit step's compute (seconds)."""
     size = (1.0 - cfg.token_fraction) + cfg.token_fraction * (batch_tokens / reference_tokens)
-    return cfg.step_s * size * (cfg.reference_gpus / gpus) ** cfg.scaling_exponent
+    offload = cfg.optimizer_offload_slowdown if gpus < cfg.optimizer_offload_below_gpus else 1.0
+    return cfg.step_s * size * (cfg.reference_gpus / gpus) ** cfg.scaling_exponent * offload
 
 
 def split_phases(total_s: float, cfg: TrainConfig) -> dict[str, float]:

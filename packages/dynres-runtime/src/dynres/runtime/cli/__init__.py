@@ -1,0 +1,57 @@
+"""The ``dynres`` command line: a click group with one module per command.
+
+Every :class:`~dynres.core.errors.DynresError` raised by a command is printed as one line on
+stderr (``dynres: error: ...``) and exits with status 2; usage errors exit 2 as click does.
+A command module defines ``command`` (a click command or group) and is listed in
+:data:`COMMAND_MODULES`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import click
+
+from dynres.core.errors import DynresError
+
+COMMAND_MODULES: tuple[str, ...] = ("simulate", "policies", "config")
+"""Modules of ``dynres.runtime.cli`` whose ``command`` is registered on :data:`main`, in order."""
+
+EXIT_DYNRES_ERROR = 2
+"""Exit status of a command that failed with a DynresError (same as a usage error)."""
+
+
+class DynresCliError(click.ClickException):
+    """A DynresError on its way out of the CLI: one line on stderr, exit status 2."""
+
+    exit_code = EXIT_DYNRES_ERROR
+
+    def show(self, file: Any = None) -> None:
+        """Print ``dynres: error: <message>`` as a single line on stderr."""
+        click.echo(f"dynres: error: {self.format_message()}", err=True)
+
+    def format_message(self) -> str:
+        """The message with newlines folded so it stays one line."""
+        return " ".join(str(self.message).split())
+
+
+class DynresGroup(click.Group):
+    """A click group that turns DynresError from any subcommand into :class:`DynresCliError`."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        """Run the subcommand; convert DynresError into one clear line and exit status 2."""
+        try:
+            return super().invoke(ctx)
+        except DynresError as exc:
+            raise DynresCliError(str(exc)) from None
+
+
+@click.group(cls=DynresGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="dynres-runtime", prog_name="dynres")
+def main() -> None:
+    """dynres: dynamic resource scheduling for fully-async RL training of LLMs."""
+
+
+for _name in COMMAND_MODULES:
+    main.add_command(importlib.import_module(f"{__name__}.{_name}").command)

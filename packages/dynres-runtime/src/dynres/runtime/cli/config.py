@@ -1,0 +1,70 @@
+"""``dynres config check FILE``: validate a dynres config or a simulator scenario file."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import click
+
+SCENARIO_KEYS = frozenset({"cluster", "workload", "costs", "steps", "seed", "extends", "description", "name"})
+"""Top-level keys only a simulator scenario has; a file with any of them is checked as one."""
+
+
+@click.group(name="config")
+def command() -> None:
+    """Validate configuration and scenario files."""
+
+
+@command.command(name="check")
+@click.argument("file", type=click.Path(dir_okay=False))
+def check(file: str) -> None:
+    """Validate FILE (a DynresConfig YAML or a scenario file) and its policy; print OK + a summary."""
+    from dynres.core.config import read_yaml
+
+    data = read_yaml(file)
+    if isinstance(data, Mapping) and SCENARIO_KEYS & set(data):
+        _check_scenario(file)
+    else:
+        _check_config(file, data)
+
+
+def _check_policy(async_training: Any) -> str:
+    """Resolve the named policy and validate its params; return 'name (distribution/path)'."""
+    from dynres.core import resolve_policy_class
+    from dynres.core.config import policy_params_from_config
+
+    spec = async_training.dynamic_schedule_policy
+    cls = resolve_policy_class(spec)
+    cls.validate_params(policy_params_from_config(async_training, cls.Params))
+    return cls.name if cls.name == spec else f"{cls.name} ({spec})"
+
+
+def _check_scenario(file: str) -> None:
+    from dynres.runtime.sim.scenario import load_scenario
+
+    scenario = load_scenario(file)
+    scenario.dynres_config()  # the runtime config it implies must validate too
+    policy = _check_policy(scenario.async_training)
+    click.echo(f"OK: {file} is a valid simulator scenario")
+    click.echo(f"  {scenario.summary()}")
+    click.echo(f"  policy: {policy}")
+
+
+def _check_config(file: str, data: Any) -> None:
+    from dynres.core.config import DynresConfig, validate_model
+
+    cfg = validate_model(DynresConfig, data, file)
+    at = cfg.async_training
+    policy = _check_policy(at)
+    click.echo(f"OK: {file} is a valid dynres config")
+    mode = "dynamic scheduling" if at.use_dynamic_resource_scheduling else "static (no hybrid replicas)"
+    click.echo(
+        f"  {cfg.trainer.n_gpus} trainer GPUs, {cfg.rollout.n_gpus} rollout GPUs, {mode}; "
+        f"{cfg.num_standalone_replicas} standalone + {cfg.num_hybrid_replicas} hybrid replicas"
+    )
+    click.echo(
+        f"  policy: {policy}; required_samples={cfg.required_samples}, "
+        f"trigger_parameter_sync_step={at.trigger_parameter_sync_step}, "
+        f"staleness_threshold={at.staleness_threshold}"
+    )

@@ -1,0 +1,234 @@
+"""``dynres simulate``: run a scenario (or preset) on the simulator and compare runs.
+
+``--set`` and ``--seed`` apply to every run (the main one and each ``--compare``); ``--policy``
+only to the main scenario, so a comparison keeps each preset's own policy.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import click
+
+from dynres.core.errors import ConfigError
+
+
+def _fmt_h(seconds: float) -> str:
+    return f"{seconds / 3600:.3f} h"
+
+
+def _fmt(v: float, digits: int = 2) -> str:
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{digits}f}"
+
+
+def _list_presets() -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from dynres.runtime.sim import presets
+
+    table = Table(title="dynres simulate presets", show_lines=False)
+    table.add_column("preset", no_wrap=True)
+    table.add_column("description")
+    for name in presets.preset_names():
+        table.add_row(name, presets.preset_description(name))
+    Console(width=140).print(table)
+
+
+def _summary_table(results: list[Any]) -> Any:
+    from rich.table import Table
+
+    table = Table(title="simulated end-to-end time")
+    for col, justify in (
+        ("run", "left"),
+        ("policy", "left"),
+        ("end-to-end", "right"),
+        ("lower bound", "right"),
+        ("ratio", "right"),
+        ("vs first", "right"),
+        ("train util", "right"),
+        ("rollout util", "right"),
+        ("cluster util", "right"),
+        ("switches", "right"),
+        ("mean mq_size", "right"),
+    ):
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    first = results[0].end_to_end_s
+    for r in results:
+        s = r.summary()
+        delta = (r.end_to_end_s - first) / first * 100 if first > 0 else 0.0
+        table.add_row(
+            r.scenario.name,
+            r.policy,
+            _fmt_h(r.end_to_end_s),
+            _fmt_h(r.lower_bound_s),
+            _fmt(s["ratio_to_bound"]),
+            "-" if r is results[0] else f"{delta:+.1f}%",
+            _fmt(s["mean_train_utilization"]),
+            _fmt(s["mean_rollout_utilization"]),
+            _fmt(s["mean_resource_utilization"]),
+            str(s["switches"]),
+            _fmt(s["mean_mq_size"], 1),
+        )
+    return table
+
+
+def _speedups(results: list[Any]) -> dict[str, float]:
+    """How much shorter the first run is than each other run (fraction of the other's time)."""
+    first = results[0]
+    return {
+        r.scenario.name: (r.end_to_end_s - first.end_to_end_s) / r.end_to_end_s
+        for r in results[1:]
+        if r.end_to_end_s > 0
+    }
+
+
+def _write_json(path: str, results: list[Any]) -> None:
+    if len(results) == 1:
+        payload: Any = results[0].to_dict()
+    else:
+        payload = {
+            "runs": [r.to_dict() for r in results],
+            "first_run_shorter_by": _speedups(results),
+        }
+    try:
+        Path(path).write_text(json.dumps(payload, indent=1, allow_nan=True) + "\n", encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"--json {path}: cannot write the file ({exc.strerror}); choose a writable path") from None
+
+
+def _write_plots(out: str, results: list[Any]) -> list[Path]:
+    from dynres.runtime.plots import write_comparison_plots, write_plots
+
+    paths: list[Path] = []
+    if len(results) == 1:
+        return write_plots(results[0].report, out, title=results[0].scenario.name)
+    used: set[str] = set()
+    for r in results:
+        name = r.scenario.name or "run"
+        while name in used:
+            name += "_"
+        used.add(name)
+        paths += write_plots(r.report, Path(out) / name, title=name)
+    paths += write_comparison_plots({r.scenario.name: r.report for r in results}, out)
+    return paths
+
+
+@click.command(name="simulate")
+@click.argument("scenario", required=False)
+@click.option("--preset", metavar="NAME", help="Simulate a shipped preset (see --list-presets).")
+@click.option(
+    "--policy",
+    metavar="NAME_OR_PATH",
+    help="Policy of the main run: an installed name, module:Class or file.py:Class.",
+)
+@click.option(
+    "--set",
+    "sets",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Override a scenario key, dotted (e.g. async_training.staleness_threshold=0.3); "
+    "the value is YAML. Repeatable; applies to every run.",
+)
+@click.option(
+    "--compare",
+    multiple=True,
+    metavar="PRESET_OR_FILE",
+    help="Also simulate this preset or scenario file and compare. Repeatable.",
+)
+@click.option("--json", "json_path", metavar="FILE", help="Write the results as JSON to FILE.")
+@click.option("--plot", "plot_dir", metavar="DIR", help="Write PNG plots to DIR.")
+@click.option("--seed", type=int, help="Seed of every run (replaces the scenarios' seed).")
+@click.option("--list-presets", is_flag=True, help="List the shipped presets and exit.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+def command(
+    scenario: str | None,
+    preset: str | None,
+    policy: str | None,
+    sets: tuple[str, ...],
+    compare: tuple[str, ...],
+    json_path: str | None,
+    plot_dir: str | None,
+    seed: int | None,
+    list_presets: bool,
+    quiet: bool,
+) -> None:
+    """Simulate SCENARIO (a YAML file or preset name) or --preset NAME on a virtual clock.
+
+    Prints the end-to-end time, the analytic lower bound, mean utilizations, switches and mean
+    queue size of each run. Example:
+
+        dynres simulate --preset seed-dynamic-16-16 --compare seed-static-16-16
+    """
+    if list_presets:
+        _list_presets()
+        return
+    if bool(scenario) == bool(preset):
+        raise click.UsageError("give exactly one of SCENARIO or --preset NAME (see --list-presets)")
+    if seed is not None and seed < 0:
+        raise click.BadParameter("must be >= 0", param_hint="--seed")
+
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from dynres.runtime.sim import presets
+    from dynres.runtime.sim.runner import build_policy, simulate
+    from dynres.runtime.sim.scenario import load_scenario, parse_set_option
+
+    overrides: dict[str, Any] = {}
+    for item in sets:
+        key, value = parse_set_option(item)
+        overrides[key] = value
+    main_source = preset if preset else scenario
+    assert main_source is not None
+    if preset and not presets.is_preset(preset):
+        presets.preset_raw(preset)  # raises the unknown-preset error with a did-you-mean
+    runs: list[tuple[str, str | None]] = [(main_source, policy)] + [(c, None) for c in compare]
+    # Validate every scenario before simulating any, so a typo in the last --compare fails fast.
+    scenarios = [load_scenario(src, overrides=overrides) for src, _ in runs]
+    if seed is not None:
+        scenarios = [s.model_copy(update={"seed": seed}) for s in scenarios]
+    policies = [build_policy(sc, pol) for sc, (_, pol) in zip(scenarios, runs, strict=True)]
+
+    err = Console(stderr=True)
+    out = Console() if Console().is_terminal else Console(width=160)  # pipes/files: no wrapping
+    results = []
+    show = not quiet and err.is_terminal
+    with Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("steps, {task.fields[sim_h]} simulated"),
+        TimeElapsedColumn(),
+        console=err,
+        disable=not show,
+        transient=False,
+    ) as progress:
+        for sc, pol in zip(scenarios, policies, strict=True):
+            task = progress.add_task(sc.name, total=sc.steps, sim_h="0.00 h")
+
+            def tick(cycle: Any, task: Any = task) -> None:
+                progress.update(task, advance=1, sim_h=f"{cycle.end_s / 3600:.2f} h")
+
+            result = simulate(sc, policy=pol, progress=tick)
+            results.append(result)
+            if result.report.policy_fallbacks:
+                err.print(
+                    f"[yellow]warning:[/] {sc.name}: policy {result.policy!r} fell back to the safe "
+                    f"decision {result.report.policy_fallbacks} time(s) (raised, timed out or "
+                    "returned a wrong type); see the JSON report's decisions"
+                )
+    out.print(_summary_table(results))
+    for name, frac in _speedups(results).items():
+        word = "shorter" if frac >= 0 else "longer"
+        out.print(f"{results[0].scenario.name} is {abs(frac) * 100:.1f}% {word} than {name}")
+    if json_path:
+        _write_json(json_path, results)
+        out.print(f"wrote {json_path}")
+    if plot_dir:
+        paths = _write_plots(plot_dir, results)
+        out.print(f"wrote {len(paths)} plots to {plot_dir}")
+

@@ -1,0 +1,374 @@
+"""``simulate(scenario)``: the real fully-async runtime on a virtual-time loop with the sim backend.
+
+Nothing here forks the runtime: :func:`dynres.runtime.run.run_fully_async` drives the same
+controller, balancer, queue, loops and policy code as a real run. The simulator only supplies
+:class:`~dynres.runtime.backends.sim.SimReplica` / :class:`~dynres.runtime.backends.sim.SimTrainEngine`
+built from the scenario, a prompt source whose prompt groups carry their modelled response
+lengths, and the virtual-time event loop.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dynres.core import Policy, resolve_policy_class
+from dynres.core.config import policy_params_from_config
+from dynres.core.errors import PolicyImportError, ScenarioError
+from dynres.core.metrics import (
+    CLUSTER_UTILIZATION,
+    METRIC_KEYS,
+    MQ_SIZE,
+    ROLLOUT_UTILIZATION,
+    TRAIN_UTILIZATION,
+)
+from dynres.runtime.backends.protocols import ReplicaKind
+from dynres.runtime.backends.sim import (
+    RESPONSE_TOKENS_KEY,
+    SimReplica,
+    SimReplicaCosts,
+    SimTrainCosts,
+    SimTrainEngine,
+)
+from dynres.runtime.report import CycleReport, RunReport
+from dynres.runtime.samples import PromptGroup
+from dynres.runtime.sim.bound import BoundInputs, LowerBound, lower_bound
+from dynres.runtime.sim.loop import run_virtual
+from dynres.runtime.sim.scenario import Scenario, load_scenario
+from dynres.runtime.sim.workload import (
+    LengthOracle,
+    reference_batch_tokens,
+    replica_peak,
+    request_work,
+    train_step_seconds,
+)
+
+REAL_TIME_KEYS = frozenset({"wall_s", "policy_wall_s"})
+"""Report keys measured in real time; left out of the JSON so that it is deterministic."""
+
+
+@dataclass
+class SimResult:
+    """A simulated run: the runtime's report plus the lower bound and what was simulated."""
+
+    scenario: Scenario
+    """The scenario that ran (after overrides)."""
+    policy: str
+    """Name of the policy that ran."""
+    report: RunReport
+    """The runtime's report (same type as a real run's)."""
+    bound: LowerBound
+    """The analytic lower bound of this run's work (seconds)."""
+    wall_s: float = 0.0
+    """Real seconds the simulation took (profiling; not in the JSON)."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Simulator counters: tokens, replica work, sleep aborts (JSON-serialisable)."""
+
+    @property
+    def end_to_end_s(self) -> float:
+        """Simulated end-to-end time (seconds)."""
+        return self.report.end_to_end_s
+
+    @property
+    def lower_bound_s(self) -> float:
+        """The lower bound on end-to-end time (seconds)."""
+        return self.bound.total_s
+
+    @property
+    def ratio_to_bound(self) -> float:
+        """end_to_end_s / lower_bound_s (>= 1)."""
+        return self.end_to_end_s / self.lower_bound_s if self.lower_bound_s > 0 else math.inf
+
+    def mean_metric(self, key: str) -> float:
+        """Mean of a per-cycle metric over the run (NaN when no cycle has it)."""
+        values = [v for v in self.report.metric_series(key) if not math.isnan(v)]
+        return sum(values) / len(values) if values else math.nan
+
+    @property
+    def switches(self) -> int:
+        """Hybrid activations plus deactivations (count)."""
+        ops = self.report.operations
+        return ops.activations + ops.deactivations
+
+    def summary(self) -> dict[str, Any]:
+        """The headline numbers: times, ratio, mean utilizations, switches, mean mq_size."""
+        return {
+            "end_to_end_s": self.end_to_end_s,
+            "end_to_end_h": self.end_to_end_s / 3600,
+            "lower_bound_s": self.lower_bound_s,
+            "ratio_to_bound": self.ratio_to_bound,
+            "mean_train_utilization": self.mean_metric(TRAIN_UTILIZATION),
+            "mean_rollout_utilization": self.mean_metric(ROLLOUT_UTILIZATION),
+            "mean_resource_utilization": self.mean_metric(CLUSTER_UTILIZATION),
+            "switches": self.switches,
+            "mean_mq_size": self.mean_metric(MQ_SIZE),
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``--json`` object: headline numbers, one entry per step, the full report."""
+        s = self.scenario
+        return {
+            "scenario": s.name,
+            "description": s.description,
+            "policy": self.policy,
+            "seed": s.seed,
+            **self.summary(),
+            "lower_bound_terms": dict(self.bound.terms),
+            "lower_bound_binding": self.bound.binding,
+            "cluster": s.cluster.model_dump(),
+            "steps": [_step_dict(c) for c in self.report.cycles],
+            "sim": dict(self.extra),
+            "report": _scrub(self.report.to_dict()),
+        }
+
+
+def _step_dict(c: CycleReport) -> dict[str, Any]:
+    out: dict[str, Any] = {"step": c.step, "start_s": c.start_s, "end_s": c.end_s, "duration_s": c.duration_s}
+    for key in METRIC_KEYS:
+        out[key] = c.metrics.get(key, math.nan)
+    out.update(
+        hybrid_active_at_start=c.hybrid_active_at_start,
+        deactivated=c.deactivated,
+        activated=c.activated,
+        deactivate_wait_samples=c.deactivate_wait_samples,
+        wait_for_enough_samples_s=c.wait_for_enough_samples_s,
+        step_wait_times=list(c.step_wait_times),
+        step_wait_samples=list(c.step_wait_samples),
+        samples_generated=c.samples_generated,
+        samples_dropped_stale=c.samples_dropped_stale,
+        queue_size_end=c.queue_size_end,
+    )
+    return out
+
+
+def _scrub(v: Any) -> Any:
+    if isinstance(v, dict):
+        return {k: _scrub(x) for k, x in v.items() if k not in REAL_TIME_KEYS}
+    if isinstance(v, list):
+        return [_scrub(x) for x in v]
+    return v
+
+
+# ---- Building the simulated cluster ---------------------------------------------------------
+
+
+def sample_index(sample_id: str) -> int:
+    """Index of a simulated sample from its id ``"s<index>"``."""
+    return int(sample_id[1:])
+
+
+def prompt_groups(scenario: Scenario, oracle: LengthOracle) -> Iterator[PromptGroup]:
+    """The run's prompt groups: sample ``i`` is ``"s<i>"`` with its modelled response lengths."""
+    prompt = range(scenario.workload.prompt_tokens)
+    n = scenario.responses_per_sample
+    max_tokens = scenario.workload.response.max_tokens
+    i = 0
+    while True:
+        lengths = oracle.sample(i)
+        yield PromptGroup(
+            sample_id=f"s{i}",
+            prompt_token_ids=prompt,
+            n=n,
+            max_tokens=max_tokens,
+            response_extra=[{RESPONSE_TOKENS_KEY: length} for length in lengths],
+        )
+        i += 1
+
+
+def build_replicas(scenario: Scenario, kind: ReplicaKind, count: int) -> list[SimReplica]:
+    """``count`` simulated replicas of ``kind`` with the scenario's speed and costs."""
+    d = scenario.workload.decode
+    c = scenario.costs
+    costs = SimReplicaCosts(sleep_s=c.sleep_s, wake_up_s=c.wake_up_s, abort_s=c.abort_s, update_weights_s=c.weight_sync_s)
+    hybrid = kind is ReplicaKind.HYBRID
+    return [
+        SimReplica(
+            f"{kind.value}-{i}",
+            kind,
+            peak_tokens_per_s=replica_peak(d, hybrid),
+            c_half=d.c_half,
+            prefill_cost=d.prefill_cost,
+            costs=costs,
+            asleep=hybrid,
+        )
+        for i in range(count)
+    ]
+
+
+def build_train_engine(scenario: Scenario, on_batch: Callable[[Any], None] | None = None) -> SimTrainEngine:
+    """The simulated trainer on the scenario's trainer GPUs."""
+    train = scenario.workload.train
+    ref_tokens = reference_batch_tokens(scenario)
+    gpus = scenario.cluster.trainer_gpus
+    c = scenario.costs
+
+    def seconds(tokens: float) -> float:
+        return train_step_seconds(tokens, ref_tokens, train, gpus)
+
+    engine = SimTrainEngine(
+        step_seconds=seconds,
+        phase_fractions=train.phase_fractions,
+        costs=SimTrainCosts(
+            offload_s=c.trainer_offload_s, onload_s=c.trainer_onload_s, export_weights_s=c.export_weights_s
+        ),
+    )
+    if on_batch is not None:
+        inner = engine.train_step
+
+        async def train_step(batch: Any) -> Any:
+            on_batch(batch)
+            return await inner(batch)
+
+        engine.train_step = train_step  # type: ignore[method-assign]
+    return engine
+
+
+# ---- Policies --------------------------------------------------------------------------------
+
+
+def resolve_policy_spec(spec: str) -> type[Policy]:
+    """A policy class from a registered name, ``module:Class`` or ``path/to/file.py:Class``."""
+    head, sep, attr = spec.rpartition(":")
+    if sep and head.endswith(".py"):
+        path = Path(head)
+        if not path.is_file():
+            raise PolicyImportError(f"policy {spec!r}: file {str(path)!r} not found; check the path")
+        mod_name = f"_dynres_policy_file_{abs(hash(str(path.resolve())))}"
+        module = sys.modules.get(mod_name)
+        if module is None:
+            loader_spec = importlib.util.spec_from_file_location(mod_name, path)
+            if loader_spec is None or loader_spec.loader is None:
+                raise PolicyImportError(f"policy {spec!r}: cannot import {str(path)!r} as a module")
+            module = importlib.util.module_from_spec(loader_spec)
+            sys.modules[mod_name] = module
+            try:
+                loader_spec.loader.exec_module(module)
+            except Exception as exc:
+                del sys.modules[mod_name]
+                raise PolicyImportError(
+                    f"policy {spec!r}: {str(path)!r} failed to import: {type(exc).__name__}: {exc}"
+                ) from exc
+        return resolve_policy_class(getattr(module, attr, None) or _missing(spec, path, attr))
+    return resolve_policy_class(spec)
+
+
+def _missing(spec: str, path: Path, attr: str) -> Any:
+    raise PolicyImportError(f"policy {spec!r}: {str(path)!r} defines no {attr!r}")
+
+
+def build_policy(scenario: Scenario, policy: str | Policy | type[Policy] | None) -> Policy:
+    """The policy to run: ``policy`` if given, else the scenario's, with params from its config."""
+    if isinstance(policy, Policy):
+        return policy
+    at = scenario.async_training
+    cls = policy if isinstance(policy, type) else resolve_policy_spec(policy or at.dynamic_schedule_policy)
+    return cls(policy_params_from_config(at, cls.Params))
+
+
+# ---- simulate() ------------------------------------------------------------------------------
+
+
+def simulate(
+    scenario: str | Path | Mapping[str, Any] | Scenario,
+    *,
+    policy: str | Policy | type[Policy] | None = None,
+    seed: int | None = None,
+    progress: Callable[[CycleReport], Any] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    thread_grace_s: float = 5.0,
+) -> SimResult:
+    """Simulate ``scenario`` (preset name, YAML path, mapping or Scenario) and return the result.
+
+    :param policy: a policy name, ``module:Class``, ``file.py:Class``, class or instance
+        (default: the scenario's ``async_training.dynamic_schedule_policy``).
+    :param seed: replaces the scenario's seed (response lengths and routing tie-breaks).
+    :param progress: called after each sync cycle with its CycleReport.
+    :param overrides: dotted keys to set before validation (what ``--set`` passes).
+    :param thread_grace_s: real seconds a policy call may hold the virtual clock (see sim.loop).
+    """
+    sc = load_scenario(scenario, overrides=overrides)
+    if seed is not None:
+        sc = sc.model_copy(update={"seed": seed})
+    cfg = sc.dynres_config()
+    pol = build_policy(sc, policy)
+    oracle = LengthOracle(
+        sc.workload.response,
+        n=sc.responses_per_sample,
+        step_required_samples=sc.step_required_samples,
+        seed=sc.seed,
+    )
+    prompt = sc.workload.prompt_tokens
+    prefill_cost = sc.workload.decode.prefill_cost
+    consumed_work: list[float] = []
+    consumed_critical: list[float] = []
+
+    def on_batch(batch: Any) -> None:
+        # The lower bound counts the work of exactly the samples the trainer consumed.
+        for s in batch:
+            works = [request_work(prompt, 0, len(r.token_ids), prefill_cost) for r in s.responses]
+            consumed_work.append(sum(works))
+            consumed_critical.append(max(works))
+
+    standalone = build_replicas(sc, ReplicaKind.STANDALONE, sc.num_standalone_replicas)
+    hybrid = build_replicas(sc, ReplicaKind.HYBRID, sc.num_hybrid_replicas)
+    engine = build_train_engine(sc, on_batch)
+
+    from dynres.core import get_plugin_manager
+    from dynres.runtime.run import RunSpec, run_fully_async
+
+    spec = RunSpec(
+        config=cfg,
+        policy=pol,
+        standalone=standalone,
+        hybrid=hybrid,
+        train_engine=engine,
+        prompts=prompt_groups(sc, oracle),
+        num_cycles=sc.steps,
+        progress=progress,
+        plugin_manager=get_plugin_manager(),
+        seed=sc.seed,
+        hybrid_gpus=sc.cluster.trainer_gpus,
+        standalone_gpus=sc.cluster.rollout_gpus,
+    )
+    t0 = time.perf_counter()
+    report = run_virtual(run_fully_async(spec), thread_grace_s=thread_grace_s)
+    wall = time.perf_counter() - t0
+    if report.stopped_early:
+        raise ScenarioError(f"scenario {sc.name!r}: the simulated run stopped early: {report.stopped_early}")
+
+    d = sc.workload.decode
+    gpr = sc.cluster.gpus_per_replica
+    bound = lower_bound(
+        BoundInputs(
+            trainer_gpus=sc.cluster.trainer_gpus,
+            rollout_gpus=sc.cluster.rollout_gpus,
+            train_step_s=_train_steps(engine),
+            sample_work=consumed_work,
+            sample_critical_work=consumed_critical,
+            peak_tokens_per_gpu_s=d.peak_tokens_per_s / gpr,
+            lone_request_tokens_per_s=d.peak_tokens_per_s / (1.0 + d.c_half),
+            required_samples=sc.required_samples,
+        )
+    )
+    replicas = [*standalone, *hybrid]
+    extra = {
+        "replica_work_tokens": sum(r.work_done for r in replicas),
+        "decode_tokens": sum(r.decode_tokens for r in replicas),
+        "consumed_work_tokens": sum(consumed_work),
+        "train_compute_s": engine.compute_s,
+        "train_tokens": engine.tokens,
+        "sleep_aborts": sum(r.sleep_aborts for r in replicas),
+    }
+    return SimResult(scenario=sc, policy=pol.name, report=report, bound=bound, wall_s=wall, extra=extra)
+
+
+def _train_steps(engine: SimTrainEngine) -> list[float]:
+    # The engine keeps only the total; per-step values are not needed by the bound's terms
+    # beyond their sum, so one entry carrying the total is exact.
+    return [engine.compute_s] if engine.steps else []
