@@ -353,3 +353,17 @@ def dynres_should_rebalance(ctx):
 '''
     make_dist("acme-norebalance", modules={"m": source}, plugins={"acme_norebalance": "m"})
     assert BoundPolicy(Recorder()).should_rebalance(make_ctx()) is False
+
+
+def test_update_after_step_runs_every_implementation():
+    """A plugin answering the update hook must not stop the policy from adapting."""
+
+    class Chatty:
+        @hookimpl
+        def dynres_update_after_step(self, ctx):
+            return "observed"
+
+    bp = bound(Chatty())
+    # The stray value is surfaced so the runtime can report it, and the policy still updated.
+    assert bp.update_after_step(make_ctx()) == "observed"
+    assert bp.policy.calls == ["update_after_step"]

@@ -2,7 +2,8 @@
 
 Two kinds of hooks live here.
 
-**Decision hooks** (``firstresult``). Each mirrors one method of :class:`dynres.core.Policy` and is
+**Decision hooks** (``firstresult``, except ``dynres_update_after_step``, where every
+implementation runs). Each mirrors one method of :class:`dynres.core.Policy` and is
 called by the controller once per sync cycle, in this order:
 
 1. ``dynres_should_deactivate`` - before training;
@@ -101,12 +102,13 @@ def dynres_should_rebalance(ctx: ScheduleContext) -> bool | None:
     """
 
 
-@hookspec(firstresult=True)
+@hookspec
 def dynres_update_after_step(ctx: ScheduleContext) -> None:
     """Let the policy adapt its state after the weight sync of a cycle.
 
-    The policy's implementation returns ``None``, so every implementation of this hook runs;
-    plugins may use it to observe the end of a cycle.
+    Not ``firstresult``: every implementation runs, whatever the others return, so a plugin
+    observing the end of a cycle can never stop the policy from adapting. Implementations
+    return ``None``.
 
     :param ctx: the current :class:`~dynres.core.context.ScheduleContext`.
     """

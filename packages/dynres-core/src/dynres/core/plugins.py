@@ -192,8 +192,10 @@ class BoundPolicy:
         return self.pm.hook.dynres_should_rebalance(ctx=ctx)
 
     def update_after_step(self, ctx: ScheduleContext) -> Any:
-        """Run the ``dynres_update_after_step`` hook chain."""
-        return self.pm.hook.dynres_update_after_step(ctx=ctx)
+        """Run every ``dynres_update_after_step`` implementation; None, or the first non-None value."""
+        results = self.pm.hook.dynres_update_after_step(ctx=ctx)
+        # Only a misbehaving implementation returns something; surface it so the caller can report it.
+        return next((r for r in results if r is not None), None)
 
     def decision(self, method: str, ctx: ScheduleContext) -> Any:
         """Run the hook chain of policy method ``method`` (one of POLICY_METHODS)."""
