@@ -185,3 +185,35 @@ def test_health_and_bad_payload(loop, replica):
     assert h.healthy and h.in_flight == 0
     with pytest.raises(BackendError, match="WeightBuckets"):
         loop.run_until_complete(replica.update_weights(WeightUpdate(version=9, payload={"x": 1})))
+
+
+def test_torch_trainer_export_reproduces_trainer_greedy_output(loop, replica, models):
+    """Train on the replica's own weights, export, load: vLLM greedy == the trained HF model's."""
+    from dynres.runtime.backends.tiny_model import make_prompts, parity_reward
+    from dynres.runtime.backends.torch_engine import TorchTrainConfig, TorchTrainEngine, TrainSample
+
+    paths, hf = models
+    eng = TorchTrainEngine.from_pretrained(str(paths[0]), TorchTrainConfig(lr=2e-2, export_bucket_bytes=128 * 1024),
+                                           reward_fn=parity_reward)
+    # Start both sides from the same weights.
+    loop.run_until_complete(replica.update_weights(loop.run_until_complete(eng.export_weights())))
+    assert list(loop.run_until_complete(replica.generate(_req("t0", 16))).token_ids) == hf_greedy(hf[0], PROMPT, 16)
+
+    async def rollout_and_train(step: int) -> None:
+        prompts = make_prompts(4, seed=step)
+        reqs = [GenerationRequest(request_id=f"tr{step}-{i}-{j}", sample_id=f"{i}", prompt_token_ids=p,
+                                  max_tokens=12, temperature=1.0, seed=100 * i + j)
+                for i, p in enumerate(prompts) for j in range(4)]
+        results = await asyncio.gather(*(replica.generate(r) for r in reqs))
+        batch = [TrainSample(p, results[4 * i: 4 * i + 4]) for i, p in enumerate(prompts)]
+        await eng.train_step(batch)
+        await replica.update_weights(await eng.export_weights())
+
+    for step in range(3):
+        loop.run_until_complete(rollout_and_train(step))
+    eng.model.eval()
+    trained = hf_greedy(eng.model, PROMPT, 16)
+    got = loop.run_until_complete(replica.generate(_req("t1", 16)))
+    assert trained != hf_greedy(hf[0], PROMPT, 16)  # the update really changed greedy output
+    assert list(got.token_ids) == trained
+    assert got.weight_version == eng.version == 3

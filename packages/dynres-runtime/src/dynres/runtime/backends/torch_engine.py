@@ -1,0 +1,505 @@
+"""torch backend: a GRPO-style policy-gradient :class:`TrainEngine` on a HF causal LM.
+
+One fit step (phase names from ``dynres.core.metrics.TRAIN_COMPUTE_PHASES``):
+
+* ``reward``       score responses that arrive without rewards (``reward_fn(prompt, response)``);
+* ``old_log_prob`` token log-probs of every response under the weights before the update
+  (no grad), the denominator of the PPO ratio;
+* ``adv``          group-normalised advantages: within one sample's ``n`` responses,
+  ``(r - mean) / (std + eps)``, broadcast to each response token;
+* ``update_actor`` ``ppo_epochs`` passes of the clipped surrogate
+  ``-min(ratio * A, clip(ratio, 1-eps, 1+eps) * A)``, token-mean over the mini-batch, micro-batched
+  gradient accumulation, gradient-norm clipping, one AdamW step per pass.
+
+Memory hand-over (``offload``/``onload``): every parameter, gradient and optimizer-state tensor is
+copied to a host copy (pinned when the source is on an accelerator) and its original storage is
+resized to 0 bytes, so the device memory is released while the ``Parameter`` objects (and the
+optimizer's references to them) stay the same; ``onload`` resizes the storages back and copies
+the bytes in, which restores them bit-exact. On a CPU-only machine the "device" is host memory
+too: the original storages are freed (``resident_bytes()`` drops to 0) but the copies live in
+the same RAM.
+
+With ``fsdp=True`` the model is wrapped with torch FSDP2 (``fully_shard``, one unit per decoder
+layer plus the root) in an already initialised process group (gloo on CPU, NCCL on GPUs);
+offload/onload then act on each rank's local shards and ``export_weights`` all-gathers full
+tensors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from dynres.core.errors import BackendError, MissingExtraError
+from dynres.runtime.backends.protocols import OperationCosts, TrainStepResult, WeightUpdate
+from dynres.runtime.backends.weights import DEFAULT_BUCKET_BYTES, WeightBuckets, bucketize
+
+
+def _torch():
+    """Import torch or raise MissingExtraError naming the ``torch`` extra."""
+    try:
+        import torch
+    except ImportError as exc:
+        raise MissingExtraError("torch", "torch") from exc
+    return torch
+
+
+@dataclass(frozen=True)
+class TrainSample:
+    """One prompt group: a prompt and its ``n`` responses (the unit of group normalisation)."""
+
+    prompt_token_ids: Sequence[int]
+    """Prompt tokens."""
+    responses: Sequence[Any]
+    """Responses: ``GenerationResult``-like objects (``.token_ids``) or plain token sequences."""
+    rewards: Sequence[float] | None = None
+    """One reward per response; None = computed by the engine's ``reward_fn``."""
+    sample_id: str = ""
+    """Id of the sample (for logs)."""
+
+
+@dataclass(frozen=True)
+class TorchTrainConfig:
+    """Hyper-parameters and placement of :class:`TorchTrainEngine`."""
+
+    lr: float = 1e-3
+    """AdamW learning rate."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    clip_eps: float = 0.2
+    """PPO ratio clip range (ratio kept within [1 - eps, 1 + eps])."""
+    ppo_epochs: int = 1
+    """Optimizer steps per fit step (each a full pass over the batch)."""
+    micro_batch_size: int = 8
+    """Sequences per forward/backward (gradient accumulation across micro-batches)."""
+    max_grad_norm: float | None = 1.0
+    """Gradient-norm clip (None = off)."""
+    adv_eps: float = 1e-6
+    """Added to the group std before dividing (avoids 0/0 on uniform rewards)."""
+    recompute_old_log_prob: bool = True
+    """Compute old log-probs with the trainer's weights (True) or trust the rollout's (False)."""
+    device: str = "cpu"
+    """Torch device of the model ("cpu", "cuda", "cuda:1", ...)."""
+    dtype: str = "float32"
+    """Parameter dtype."""
+    export_bucket_bytes: int = DEFAULT_BUCKET_BYTES
+    """Upper bound of one exported weight bucket (bytes)."""
+    export_dtype: str | None = None
+    """Cast exported weights to this dtype (None = as trained)."""
+    fsdp: bool = False
+    """Shard the model with torch FSDP2 in the current (initialised) process group."""
+    seed: int = 0
+    """Torch seed set at construction."""
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    """Free-form settings for subclasses."""
+
+
+@dataclass
+class PreparedBatch:
+    """Padded tensors of one fit step: token ids, masks, advantages and old log-probs."""
+
+    input_ids: Any
+    """[B, T] token ids (right-padded with 0)."""
+    attention_mask: Any
+    """[B, T] 1 for real tokens."""
+    loss_mask: Any
+    """[B, T-1] 1 where position t+1 is a response token (the positions that are trained)."""
+    advantages: Any
+    """[B] advantage of each sequence (group-normalised reward)."""
+    old_log_probs: Any
+    """[B, T-1] token log-probs before the update (0 where loss_mask is 0)."""
+    rewards: list[float]
+    """Reward of each sequence."""
+
+
+class _Avg:
+    """Running mean of a duration (seconds)."""
+
+    __slots__ = ("total", "count")
+
+    def __init__(self) -> None:
+        """Start empty."""
+        self.total, self.count = 0.0, 0
+
+    def add(self, s: float) -> None:
+        """Record one duration (seconds)."""
+        self.total += s
+        self.count += 1
+
+    @property
+    def mean(self) -> float | None:
+        """Mean (seconds) or None before the first record."""
+        return self.total / self.count if self.count else None
+
+
+def _tokens_of(resp: Any) -> list[int]:
+    """Token ids of a response given as a GenerationResult-like object or a sequence."""
+    ids = getattr(resp, "token_ids", resp)
+    return [int(t) for t in ids]
+
+
+def _field(obj: Any, name: str, default: Any = None) -> Any:
+    """Attribute or mapping key ``name`` of a duck-typed sample."""
+    if isinstance(obj, Mapping):
+        return obj.get(name, default)
+    return getattr(obj, name, default)
+
+
+class TorchTrainEngine:
+    """A :class:`TrainEngine` that trains a HF causal LM with a GRPO-style clipped policy gradient."""
+
+    def __init__(self, model: Any, config: TorchTrainConfig | None = None,
+                 reward_fn: Callable[[Sequence[int], Sequence[int]], float] | None = None) -> None:
+        """Take ownership of ``model`` (a HF ``PreTrainedModel``), place it, build AdamW."""
+        torch = _torch()
+        self.torch = torch
+        self.config = config or TorchTrainConfig()
+        self.reward_fn = reward_fn
+        torch.manual_seed(self.config.seed)
+        self.device = torch.device(self.config.device)
+        self.model = model.to(device=self.device, dtype=getattr(torch, self.config.dtype))
+        self.model.train()
+        if self.config.fsdp:
+            self._shard()
+        self.optimizer = torch.optim.AdamW(
+            [p for p in self.model.parameters() if p.requires_grad], lr=self.config.lr,
+            weight_decay=self.config.weight_decay,
+        )
+        self.version = 0
+        self._offloaded: list[tuple[Any, Any]] | None = None  # (device tensor, host copy)
+        self._export_names: list[str] | None = None
+        self._lock = asyncio.Lock()
+        self._avg = {op: _Avg() for op in ("offload", "onload", "export_weights")}
+
+    @classmethod
+    def from_pretrained(cls, path: str, config: TorchTrainConfig | None = None,
+                        reward_fn: Callable[[Sequence[int], Sequence[int]], float] | None = None) -> TorchTrainEngine:
+        """Load a HF causal LM from ``path`` (a local directory) and wrap it."""
+        torch = _torch()
+        try:
+            from transformers import AutoModelForCausalLM
+        except ImportError as exc:
+            raise MissingExtraError("transformers", "torch") from exc
+        cfg = config or TorchTrainConfig()
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, cfg.dtype))
+        return cls(model, cfg, reward_fn)
+
+    # ------------------------------------------------------------------ FSDP2
+    def _shard(self) -> None:
+        """Wrap decoder layers and the root with FSDP2 ``fully_shard`` (needs an initialised group)."""
+        torch = self.torch
+        import torch.distributed as dist
+
+        if not dist.is_available() or not dist.is_initialized():
+            raise BackendError("TorchTrainConfig.fsdp=True needs torch.distributed initialised first: "
+                               "call torch.distributed.init_process_group('gloo' or 'nccl') before building the engine")
+        from torch.distributed.fsdp import fully_shard
+
+        layers = getattr(getattr(self.model, "model", self.model), "layers", None)
+        for layer in layers or []:
+            fully_shard(layer)
+        fully_shard(self.model)
+        del torch
+
+    # ------------------------------------------------------------------ batch preparation
+    def _compute_rewards(self, prompt: Sequence[int], responses: Sequence[list[int]]) -> list[float]:
+        """Rewards of one group via ``reward_fn`` (raises when none is configured)."""
+        if self.reward_fn is None:
+            raise BackendError("a sample has no rewards and TorchTrainEngine has no reward_fn; "
+                               "pass reward_fn=... or fill TrainSample.rewards")
+        return [float(self.reward_fn(prompt, r)) for r in responses]
+
+    def prepare(self, batch: Sequence[Any], phase_times: dict[str, float] | None = None) -> PreparedBatch:
+        """Rewards, padding, old log-probs and group-normalised advantages for ``batch`` (sync)."""
+        torch = self.torch
+        times = phase_times if phase_times is not None else {}
+        t0 = time.perf_counter()
+        groups: list[tuple[list[int], list[list[int]], list[float], list[Any]]] = []
+        for sample in batch:
+            prompt = [int(t) for t in _field(sample, "prompt_token_ids")]
+            resps = list(_field(sample, "responses"))
+            toks = [_tokens_of(r) for r in resps]
+            rewards = _field(sample, "rewards")
+            rewards = list(map(float, rewards)) if rewards is not None else self._compute_rewards(prompt, toks)
+            if len(rewards) != len(toks):
+                raise BackendError(f"sample {_field(sample, 'sample_id', '')!r} has {len(toks)} responses "
+                                   f"but {len(rewards)} rewards; give one reward per response")
+            groups.append((prompt, toks, rewards, resps))
+        times["reward"] = time.perf_counter() - t0
+
+        # Advantages: normalise within each group (GRPO), so only relative quality matters.
+        t0 = time.perf_counter()
+        advs: list[float] = []
+        flat_rewards: list[float] = []
+        for _, _, rewards, _ in groups:
+            m = sum(rewards) / len(rewards)
+            sd = math.sqrt(sum((r - m) ** 2 for r in rewards) / len(rewards)) if len(rewards) > 1 else 0.0
+            advs.extend((r - m) / (sd + self.config.adv_eps) for r in rewards)
+            flat_rewards.extend(rewards)
+        times["adv"] = time.perf_counter() - t0
+
+        seqs = [(p, r) for p, toks, _, _ in groups for r in toks]
+        if not seqs:
+            raise BackendError("train_step got an empty batch; wait for at least one sample")
+        width = max(len(p) + len(r) for p, r in seqs)
+        n = len(seqs)
+        input_ids = torch.zeros((n, width), dtype=torch.long)
+        attn = torch.zeros((n, width), dtype=torch.long)
+        loss_mask = torch.zeros((n, width - 1), dtype=torch.float32)
+        for i, (p, r) in enumerate(seqs):
+            ids = p + r
+            input_ids[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+            attn[i, : len(ids)] = 1
+            # Position t predicts token t+1: response tokens are predicted from len(p)-1 on.
+            loss_mask[i, len(p) - 1 : len(ids) - 1] = 1.0
+        prepared = PreparedBatch(
+            input_ids=input_ids.to(self.device), attention_mask=attn.to(self.device),
+            loss_mask=loss_mask.to(self.device), advantages=torch.tensor(advs, device=self.device),
+            old_log_probs=None, rewards=flat_rewards,
+        )
+
+        t0 = time.perf_counter()
+        if self.config.recompute_old_log_prob:
+            with torch.no_grad():
+                prepared.old_log_probs = self._token_log_probs(prepared, range(n)).detach()
+        else:
+            old = torch.zeros((n, width - 1), dtype=torch.float32)
+            i = 0
+            for p, toks, _, resps in groups:
+                for toks_r, resp in zip(toks, resps):
+                    lps = list(getattr(resp, "logprobs", ()) or ())
+                    if len(lps) != len(toks_r):
+                        raise BackendError("recompute_old_log_prob=False needs rollout log-probs for every "
+                                           "response token; enable recompute_old_log_prob")
+                    old[i, len(p) - 1 : len(p) - 1 + len(toks_r)] = torch.tensor(lps)
+                    i += 1
+            prepared.old_log_probs = old.to(self.device)
+        times["old_log_prob"] = time.perf_counter() - t0
+        return prepared
+
+    def _token_log_probs(self, pb: PreparedBatch, rows: Sequence[int] | range) -> Any:
+        """[len(rows), T-1] log-prob of each next token under the current weights (micro-batched)."""
+        torch = self.torch
+        rows = list(rows)
+        out = []
+        mbs = max(1, self.config.micro_batch_size)
+        for s in range(0, len(rows), mbs):
+            idx = rows[s : s + mbs]
+            ids = pb.input_ids[idx]
+            logits = self.model(input_ids=ids, attention_mask=pb.attention_mask[idx]).logits[:, :-1].float()
+            lp = torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+            out.append(lp * pb.loss_mask[idx])
+        return torch.cat(out, dim=0)
+
+    def _surrogate(self, pb: PreparedBatch, idx: Sequence[int], denom: float) -> tuple[Any, Any]:
+        """Clipped surrogate loss of rows ``idx`` (sum over tokens / ``denom``) and its clip count."""
+        torch = self.torch
+        new_lp = self._token_log_probs(pb, idx)
+        mask = pb.loss_mask[idx]
+        ratio = torch.exp((new_lp - pb.old_log_probs[idx]) * mask)
+        adv = pb.advantages[idx].unsqueeze(-1)
+        eps = self.config.clip_eps
+        unclipped = ratio * adv
+        clipped = torch.clamp(ratio, 1.0 - eps, 1.0 + eps) * adv
+        loss = -(torch.minimum(unclipped, clipped) * mask).sum() / denom
+        clip_count = ((unclipped > clipped).float() * mask).sum()
+        return loss, clip_count
+
+    def loss_on(self, pb: PreparedBatch) -> float:
+        """Surrogate loss of a prepared batch under the current weights (token mean; no update)."""
+        torch = self.torch
+        with torch.no_grad():
+            denom = float(pb.loss_mask.sum().clamp_min(1.0))
+            loss, _ = self._surrogate(pb, list(range(pb.input_ids.shape[0])), denom)
+        return float(loss)
+
+    # ------------------------------------------------------------------ fit step
+    def train_step_sync(self, batch: Sequence[Any]) -> TrainStepResult:
+        """One fit step, blocking (the async :meth:`train_step` runs it in a thread)."""
+        torch = self.torch
+        if self._offloaded is not None:
+            raise BackendError("train_step called while the trainer is offloaded; await onload() first")
+        # Compute timings are wall-clock seconds of real work in this worker thread (never run under
+        # the simulator's virtual clock).
+        times: dict[str, float] = {}
+        pb = self.prepare(batch, times)
+        t0 = time.perf_counter()
+        n = pb.input_ids.shape[0]
+        denom = float(pb.loss_mask.sum().clamp_min(1.0))
+        mbs = max(1, self.config.micro_batch_size)
+        losses, clips, norms = [], 0.0, []
+        for _ in range(max(1, self.config.ppo_epochs)):
+            self.optimizer.zero_grad(set_to_none=True)
+            total = 0.0
+            for s in range(0, n, mbs):
+                idx = list(range(s, min(n, s + mbs)))
+                loss, clip_count = self._surrogate(pb, idx, denom)
+                loss.backward()
+                total += float(loss.detach())
+                clips += float(clip_count)
+            if self.config.max_grad_norm is not None:
+                norms.append(float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)))
+            self.optimizer.step()
+            losses.append(total)
+        self.optimizer.zero_grad(set_to_none=True)
+        times["update_actor"] = time.perf_counter() - t0
+        self.version += 1
+        n_tokens = float(pb.loss_mask.sum())
+        metrics = {
+            "loss": losses[0],
+            "reward/mean": sum(pb.rewards) / len(pb.rewards),
+            "pg_clipfrac": clips / max(1.0, n_tokens * max(1, self.config.ppo_epochs)),
+            "response_length/mean": n_tokens / n,
+        }
+        if norms:
+            metrics["grad_norm"] = norms[0]
+        return TrainStepResult(phase_times=times, metrics=metrics)
+
+    async def train_step(self, batch: Sequence[Any]) -> TrainStepResult:
+        """Run one fit step on a batch of samples in a worker thread; report per-phase times (s)."""
+        async with self._lock:
+            return await asyncio.to_thread(self.train_step_sync, batch)
+
+    # ------------------------------------------------------------------ memory hand-over
+    def _tensors(self) -> list[Any]:
+        """Every tensor offload moves (params' local shards, grads, optimizer state), one per storage."""
+        torch = self.torch
+        seen: set[int] = set()
+        out: list[Any] = []
+
+        def add(t: Any) -> None:
+            if t is None:
+                return
+            if isinstance(t, torch.nn.Parameter):
+                t = t.data
+            # FSDP2 parameters are DTensors: the memory lives in the local shard.
+            if hasattr(t, "to_local"):
+                t = t.to_local()
+            # Deduplicate by storage (tied weights, views): _cdata identifies the StorageImpl.
+            key = t.untyped_storage()._cdata
+            if key not in seen:
+                seen.add(key)
+                out.append(t)
+
+        for p in self.model.parameters():
+            add(p)
+            add(p.grad)
+        for state in self.optimizer.state.values():
+            for v in state.values():
+                if torch.is_tensor(v):
+                    add(v)
+        return out
+
+    def resident_bytes(self) -> int:
+        """Bytes held by the storages of parameters, grads and optimizer state (0 after offload)."""
+        return sum(t.untyped_storage().nbytes() for t in self._tensors())
+
+    def _bytes_view(self, t: Any) -> Any:
+        """A uint8 tensor over the whole storage of ``t`` (same memory)."""
+        torch = self.torch
+        st = t.untyped_storage()
+        return torch.empty(0, dtype=torch.uint8, device=st.device).set_(st)
+
+    def offload_sync(self) -> int:
+        """Copy every tensor to host and free its storage; return the bytes freed (blocking)."""
+        torch = self.torch
+        if self._offloaded is not None:
+            return 0
+        self.optimizer.zero_grad(set_to_none=True)
+        pin = self.device.type != "cpu" and torch.cuda.is_available()
+        saved = []
+        freed = 0
+        for t in self._tensors():
+            # The host copy holds the raw bytes of the whole storage, so the restore is bit-exact
+            # whatever the tensor's dtype, view offset or strides.
+            src = self._bytes_view(t)
+            host = torch.empty(src.numel(), dtype=torch.uint8, pin_memory=pin)
+            host.copy_(src)
+            freed += src.numel()
+            saved.append((t, host))
+        for t, _ in saved:
+            t.untyped_storage().resize_(0)
+        self._offloaded = saved
+        return freed
+
+    def onload_sync(self) -> int:
+        """Reallocate every freed storage and copy the host bytes back; return bytes restored."""
+        torch = self.torch
+        if self._offloaded is None:
+            return 0
+        restored = 0
+        for t, host in self._offloaded:
+            t.untyped_storage().resize_(host.numel())
+            self._bytes_view(t).copy_(host)
+            restored += host.numel()
+        self._offloaded = None
+        return restored
+
+    async def offload(self) -> None:
+        """Free parameter, gradient and optimizer-state memory (host copies kept for onload)."""
+        async with self._lock:
+            t0 = asyncio.get_running_loop().time()
+            await asyncio.to_thread(self.offload_sync)
+            self._avg["offload"].add(asyncio.get_running_loop().time() - t0)
+
+    async def onload(self) -> None:
+        """Restore what :meth:`offload` freed, bit-exact."""
+        async with self._lock:
+            t0 = asyncio.get_running_loop().time()
+            await asyncio.to_thread(self.onload_sync)
+            self._avg["onload"].add(asyncio.get_running_loop().time() - t0)
+
+    @property
+    def offloaded(self) -> bool:
+        """True between offload and onload."""
+        return self._offloaded is not None
+
+    # ------------------------------------------------------------------ weight export
+    def named_weights(self) -> Iterator[tuple[str, Any]]:
+        """``(HF name, full tensor)`` of every weight to ship to the replicas (all-gathers under FSDP)."""
+        torch = self.torch
+        dtype = getattr(torch, self.config.export_dtype) if self.config.export_dtype else None
+        for name, t in self.model.state_dict().items():
+            if hasattr(t, "full_tensor"):
+                t = t.full_tensor()
+            yield name, (t.to(dtype) if dtype is not None else t)
+
+    def export_weights_sync(self) -> WeightUpdate:
+        """Copy the weights into bounded CPU buckets (blocking); onloads temporarily if offloaded."""
+        was_offloaded = self._offloaded is not None
+        if was_offloaded:
+            # Exporting from the host copies would need their dtype/shape bookkeeping; a temporary
+            # onload is simpler and on the device path costs one extra host->device copy.
+            self.onload_sync()
+        try:
+            buckets = bucketize(self.named_weights(), self.config.export_bucket_bytes)
+        finally:
+            if was_offloaded:
+                self.offload_sync()
+        return WeightUpdate(version=self.version, payload=buckets, nbytes=buckets.nbytes)
+
+    async def export_weights(self) -> WeightUpdate:
+        """Export the current weights as :class:`WeightBuckets` (bucket size bounded in bytes)."""
+        async with self._lock:
+            t0 = asyncio.get_running_loop().time()
+            upd = await asyncio.to_thread(self.export_weights_sync)
+            self._avg["export_weights"].add(asyncio.get_running_loop().time() - t0)
+            return upd
+
+    def costs(self) -> OperationCosts:
+        """Measured mean offload / onload / export durations (seconds; None before the first)."""
+        return OperationCosts(offload_s=self._avg["offload"].mean, onload_s=self._avg["onload"].mean,
+                              export_weights_s=self._avg["export_weights"].mean)
+
+    async def shutdown(self) -> None:
+        """Drop the model, optimizer and any host copies."""
+        self._offloaded = None
+        self.optimizer = None  # type: ignore[assignment]
+        self.model = None
+
+
+__all__ = ["PreparedBatch", "TorchTrainConfig", "TorchTrainEngine", "TrainSample", "WeightBuckets"]
