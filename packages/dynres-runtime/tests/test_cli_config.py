@@ -1,0 +1,70 @@
+"""``dynres config check FILE``: DynresConfig files and scenario files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from dynres.runtime.cli import main
+
+
+def _check(path: Path) -> tuple[int, str, str]:
+    res = CliRunner().invoke(main, ["config", "check", str(path)])
+    return res.exit_code, res.stdout, res.stderr
+
+
+def _file(tmp_path: Path, text: str, name: str = "c.yaml") -> Path:
+    p = tmp_path / name
+    p.write_text(text, encoding="utf-8")
+    return p
+
+
+def test_valid_dynres_config(tmp_path: Path) -> None:
+    p = _file(
+        tmp_path,
+        "async_training:\n  use_dynamic_resource_scheduling: true\n  dynamic_schedule_policy: default\n"
+        "trainer: {nnodes: 2, n_gpus_per_node: 8}\nrollout: {nnodes: 2, n_gpus_per_node: 8}\n",
+    )
+    code, out, err = _check(p)
+    assert code == 0, err
+    assert out.startswith(f"OK: {p} is a valid dynres config")
+    assert "16 trainer GPUs, 16 rollout GPUs" in out and "policy: default" in out
+
+
+def test_valid_scenario(tmp_path: Path) -> None:
+    p = _file(tmp_path, "extends: seed-static-8-24\nsteps: 5\n")
+    code, out, err = _check(p)
+    assert code == 0, err
+    assert "valid simulator scenario" in out and "8 trainer + 24 rollout GPUs" in out and "5 steps" in out
+
+
+@pytest.mark.parametrize(
+    ("text", "needles"),
+    [
+        ("async_training: {staleness_treshold: 0.5}\n", ("async_training.staleness_treshold", "did you mean 'staleness_threshold'")),
+        ("async_training: {trigger_parameter_sync_step: 0}\n", ("trigger_parameter_sync_step", "greater than or equal to 1")),
+        ("async_training: {dynamic_schedule_policy: nope}\n", ("unknown policy 'nope'",)),
+        (
+            "async_training: {dynamic_schedule_policy: default, dynamic_schedule_policy_params: {ratio_increse_max: 0.2}}\n",
+            ("ratio_increse_max", "did you mean 'ratio_increase_max'"),
+        ),
+        ("steps: 3\ncluster: {trainer_gpus: 4, rollout_gpus: 4, gpus_per_replica: 3}\n", ("gpus_per_replica",)),
+        ("steps: 3\nworkload: {respons: {}}\n", ("did you mean 'response'",)),
+        ("key: [unclosed\n", ("invalid YAML",)),
+    ],
+)
+def test_invalid_files_one_line_exit_2(tmp_path: Path, text: str, needles: tuple[str, ...]) -> None:
+    code, out, err = _check(_file(tmp_path, text))
+    assert code == 2, (out, err)
+    assert "Traceback" not in out + err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("dynres: error:"), err
+    for n in needles:
+        assert n in lines[0], lines[0]
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    code, _, err = _check(tmp_path / "nope.yaml")
+    assert code == 2 and "file not found" in err

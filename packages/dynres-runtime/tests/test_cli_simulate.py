@@ -1,0 +1,135 @@
+"""``dynres simulate`` through click's CliRunner: output, JSON, plots, errors (exit 2, one line)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from dynres.runtime.cli import main
+
+
+def _run(*args: str) -> tuple[int, str, str]:
+    res = CliRunner().invoke(main, list(args))
+    if res.exception is not None and not isinstance(res.exception, SystemExit):
+        raise res.exception
+    return res.exit_code, res.stdout, res.stderr
+
+
+def _assert_one_line_error(code: int, out: str, err: str, *needles: str) -> None:
+    assert code == 2, (out, err)
+    assert "Traceback" not in out + err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1, err
+    for n in needles:
+        assert n in lines[0], lines[0]
+
+
+SHORT = ("--set", "steps=2")
+
+
+def test_list_presets() -> None:
+    code, out, _ = _run("simulate", "--list-presets")
+    assert code == 0
+    for name in ("seed-dynamic-16-16", "seed-static-8-24", "verl-7b-async-64-64", "longcot-dynamic-16-16"):
+        assert name in out
+
+
+def test_simulate_preset_with_compare_json_and_plots(tmp_path: Path) -> None:
+    js = tmp_path / "out.json"
+    plots = tmp_path / "plots"
+    code, out, err = _run(
+        "simulate", "--preset", "seed-dynamic-16-16", "--compare", "seed-static-16-16",
+        *SHORT, "--json", str(js), "--plot", str(plots), "--seed", "3",
+    )
+    assert code == 0, err
+    assert "end-to-end" in out and "lower bound" in out and "seed-static-16-16" in out
+    data = json.loads(js.read_text())
+    assert [r["scenario"] for r in data["runs"]] == ["seed-dynamic-16-16", "seed-static-16-16"]
+    for run in data["runs"]:
+        assert run["seed"] == 3 and len(run["steps"]) == 2
+        assert run["end_to_end_s"] >= run["lower_bound_s"] > 0
+        assert "dynamic_resource/mq_size" in run["steps"][0]
+    assert data["runs"][0]["policy"] == "default"
+    assert data["runs"][1]["policy"] == "static_fully_async"
+    pngs = sorted(p.relative_to(plots).as_posix() for p in plots.rglob("*.png"))
+    assert "compare_mq_size.png" in pngs
+    assert "seed-dynamic-16-16/utilization.png" in pngs and "seed-dynamic-16-16/hybrid_timeline.png" in pngs
+
+
+def test_simulate_scenario_file_single_json_object(tmp_path: Path) -> None:
+    sc = tmp_path / "mine.yaml"
+    sc.write_text(yaml.safe_dump({"extends": "seed-dynamic-16-16", "steps": 2}), encoding="utf-8")
+    js = tmp_path / "one.json"
+    plots = tmp_path / "p"
+    code, out, err = _run("simulate", str(sc), "--policy", "fixed_ratio", "--json", str(js), "--plot", str(plots))
+    assert code == 0, err
+    data = json.loads(js.read_text())
+    assert data["policy"] == "fixed_ratio" and data["scenario"] == "mine"
+    assert {"end_to_end_s", "lower_bound_s", "steps"} <= set(data)
+    assert {p.name for p in plots.glob("*.png")} == {"mq_size.png", "utilization.png", "step_time.png", "hybrid_timeline.png"}
+
+
+def test_policy_from_a_file(tmp_path: Path) -> None:
+    pol = tmp_path / "mypol.py"
+    pol.write_text(
+        "from dynres.core import Policy\n"
+        "class Never(Policy):\n"
+        "    name = 'never'\n"
+        "    def should_deactivate(self, ctx): return ctx.is_hybrid_active\n"
+        "    def deactivate_wait_samples(self, ctx): return 0\n"
+        "    def should_activate_after_step(self, ctx): return False\n",
+        encoding="utf-8",
+    )
+    js = tmp_path / "o.json"
+    code, _, err = _run("simulate", "--preset", "seed-dynamic-16-16", "--policy", f"{pol}:Never", *SHORT, "--json", str(js))
+    assert code == 0, err
+    assert json.loads(js.read_text())["policy"] == "never"
+
+
+@pytest.mark.parametrize(
+    ("args", "needles"),
+    [
+        (("--preset", "seed-dynamc-16-16"), ("unknown preset", "did you mean 'seed-dynamic-16-16'")),
+        (("--preset", "seed-dynamic-16-16", "--policy", "defualt"), ("unknown policy 'defualt'", "did you mean 'default'")),
+        (("--preset", "seed-dynamic-16-16", "--set", "async_training.staleness_threshol=0.3"), ("did you mean 'staleness_threshold'",)),
+        (("--preset", "seed-dynamic-16-16", "--set", "async_training.staleness_threshold=-1"), ("staleness_threshold", "greater than or equal to 0")),
+        (("--preset", "seed-dynamic-16-16", "--set", "workload.decode.peak_tokens_per_s=fast"), ("peak_tokens_per_s",)),
+        (("--preset", "seed-dynamic-16-16", "--set", "nonsense"), ("key=value",)),
+        (("--preset", "seed-dynamic-16-16", "--compare", "seed-statc-8-24"), ("did you mean 'seed-static-8-24'",)),
+        (("--preset", "seed-dynamic-16-16", "--policy", "no_such_module:Cls"), ("no_such_module",)),
+        (("/nonexistent/scenario.yaml",), ("file not found",)),
+    ],
+)
+def test_errors_are_one_line_exit_2(args: tuple[str, ...], needles: tuple[str, ...]) -> None:
+    code, out, err = _run("simulate", *args)
+    _assert_one_line_error(code, out, err, "dynres: error:", *needles)
+
+
+def test_bad_scenario_files(tmp_path: Path) -> None:
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("extends: seed-dynamic-16-16\ncluster: {trainer_gpu: 8}\n", encoding="utf-8")
+    code, out, err = _run("simulate", str(typo))
+    _assert_one_line_error(code, out, err, "cluster.trainer_gpu", "did you mean 'trainer_gpus'")
+    rng = tmp_path / "range.yaml"
+    rng.write_text("extends: seed-dynamic-16-16\nworkload: {decode: {lone_request_fraction: 2}}\n", encoding="utf-8")
+    code, out, err = _run("simulate", str(rng))
+    _assert_one_line_error(code, out, err, "lone_request_fraction", "less than or equal to 1")
+    pol = tmp_path / "pol.yaml"
+    pol.write_text("extends: seed-dynamic-16-16\nasync_training: {dynamic_schedule_policy: fancy}\n", encoding="utf-8")
+    code, out, err = _run("simulate", str(pol))
+    _assert_one_line_error(code, out, err, "unknown policy 'fancy'")
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("steps: [\n", encoding="utf-8")
+    code, out, err = _run("simulate", str(broken))
+    _assert_one_line_error(code, out, err, "invalid YAML")
+
+
+def test_usage_errors_exit_2() -> None:
+    res = CliRunner().invoke(main, ["simulate"])
+    assert res.exit_code == 2 and "exactly one of SCENARIO or --preset" in res.stderr
+    res = CliRunner().invoke(main, ["simulate", "x.yaml", "--preset", "seed-dynamic-16-16"])
+    assert res.exit_code == 2
