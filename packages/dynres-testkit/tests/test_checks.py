@@ -56,15 +56,16 @@ def test_every_check_has_a_broken_policy():
     assert sorted(broken.BROKEN_POLICIES) == sorted(names)
 
 
-# Which unit checks each broken policy fails. Most break exactly one property; a random policy
-# cannot survive a save/restore or a pickle comparison either, since those compare decisions.
+# Which checks each broken policy fails. Most break exactly one property. Two cannot: a random
+# policy cannot survive a save/restore or pickle comparison either (those compare decisions), and
+# a wait that grows without bound also makes the run slow (the runtime clamps it to a full cycle).
 ONLY_FAILS = {
     broken.MisnamedPolicy: {"check_policy_api"},
     broken.RequiredParamPolicy: {"check_constructible_with_defaults"},
     broken.IgnoresUnknownParamsPolicy: {"check_params_reject_unknown_keys"},
     broken.IntInsteadOfBoolPolicy: {"check_decision_types"},
     broken.NegativeWaitPolicy: {"check_wait_bounds"},
-    broken.UnboundedWaitPolicy: {"check_wait_bounds"},
+    broken.UnboundedWaitPolicy: {"check_wait_bounds", "check_e2e_not_slower_than_baseline"},
     broken.CoinFlipPolicy: {"check_deterministic", "check_state_dict_json_round_trip", "check_picklable"},
     broken.MutatesContextPolicy: {"check_context_not_mutated"},
     broken.ForgetfulPolicy: {"check_state_dict_json_round_trip"},
@@ -72,6 +73,9 @@ ONLY_FAILS = {
     broken.QueueFloorPolicy: {"check_only_hybrid_never_deadlocks"},
     broken.LambdaAttributePolicy: {"check_picklable"},
     broken.SlowPolicy: {"check_decision_latency"},
+    broken.AlarmGuardedPolicy: {"check_e2e_training_finishes"},
+    broken.SampleDroppingPolicy: {"check_e2e_samples_accounted"},
+    broken.HoardingPolicy: {"check_e2e_not_slower_than_baseline"},
 }
 
 
@@ -89,13 +93,17 @@ def _quick(check, policy):
 @pytest.mark.parametrize("cls", list(ONLY_FAILS), ids=lambda c: c.__name__)
 def test_broken_policies_fail_only_their_checks(cls):
     policy = cls({"threshold": 0.5}) if cls is broken.RequiredParamPolicy else cls
-    failed = set()
-    for check in all_checks(end_to_end=False):
+    failed, skipped = set(), set()
+    for check in all_checks():
         try:
             _quick(check, policy)
         except PolicyCheckFailure:
             failed.add(check.__name__)
+        except checks.CheckSkipped:
+            skipped.add(check.__name__)
     assert failed == ONLY_FAILS[cls]
+    # Only a class the runtime refuses skips the end-to-end checks (check_policy_api says why).
+    assert skipped == ({c.__name__ for c in checks.END_TO_END_CHECKS} if cls is broken.MisnamedPolicy else set())
 
 
 def test_broken_table_covers_every_broken_class():
@@ -153,6 +161,16 @@ def test_check_policy_raises_one_error_listing_failures():
     text = str(info.value)
     assert text.startswith("check_policy[queue_floor_unguarded]: 1 of 11 checks failed:")
     assert "- check_only_hybrid_never_deadlocks[queue_floor_unguarded]: " in text
+    with pytest.raises(PolicyCheckFailure, match="1 of 14 checks failed"):
+        check_policy(broken.HoardingPolicy, max_examples=5)
+
+
+def test_end_to_end_checks_skip_for_a_class_the_runtime_refuses():
+    results = check_policy(broken.MisnamedPolicy, on_fail=None, max_examples=5)
+    status = {r.check: r.status for r in results}
+    assert status["check_policy_api"] == "failed"
+    assert {status[c.__name__] for c in checks.END_TO_END_CHECKS} == {"skipped"}
+    assert "fails check_policy_api" in results[-1].message
 
 
 def test_check_policy_expected_failures_and_warn_mode():

@@ -12,7 +12,10 @@ failure message must contain.
 
 from __future__ import annotations
 
+import gc
 import random
+import signal
+import threading
 import time
 from collections import deque
 from collections.abc import Mapping
@@ -235,6 +238,71 @@ class SlowPolicy(_Sound):
         return super().should_activate_after_step(ctx)
 
 
+class AlarmGuardedPolicy(_Sound):
+    """Breaks check_e2e_training_finishes: guards its decision with SIGALRM, which needs the main thread.
+
+    Every unit check calls it on the main thread, where it works; the runtime calls policies from
+    a worker thread, where ``signal.signal`` raises, so each activation decision falls back.
+    """
+
+    name = "alarm_guarded"
+
+    def should_activate_after_step(self, ctx: ScheduleContext) -> bool:
+        """Answer under a 1-second alarm (the bug: signals only work in the main thread)."""
+        previous = signal.signal(signal.SIGALRM, _too_slow)
+        signal.setitimer(signal.ITIMER_REAL, 1.0)
+        try:
+            return super().should_activate_after_step(ctx)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0.0)
+            signal.signal(signal.SIGALRM, previous)
+
+
+def _too_slow(signum: int, frame: Any) -> None:
+    raise TimeoutError("policy decision took longer than 1 s")
+
+
+class SampleDroppingPolicy(_Sound):
+    """Breaks check_e2e_samples_accounted: reaches into the runtime and drops a queued sample.
+
+    A policy that keeps to the API cannot lose a sample (the runtime owns them all), so this one
+    breaks the API's first rule instead: from the runtime's worker thread, it finds the message
+    queue through the garbage collector and discards a sample, once per cycle. It stands in for
+    any defect, in a policy or in the runtime, that loses work during a run.
+    """
+
+    name = "sample_dropping"
+
+    def update_after_step(self, ctx: ScheduleContext) -> None:
+        """Drop one queued sample, when called from inside a run (the sabotage)."""
+        if threading.current_thread() is threading.main_thread():
+            return  # not inside the runtime: behave
+        for obj in gc.get_objects():
+            if type(obj).__name__ == "MessageQueue" and getattr(obj, "_items", None):
+                sample = obj._items.pop()
+                obj._forget_version(sample.start_version)
+                return
+
+
+class HoardingPolicy(_Sound):
+    """Breaks check_e2e_not_slower_than_baseline: always activates, then waits for a full cycle.
+
+    Each answer is valid (the wait is exactly the largest allowed, step_required + buffer), but
+    training cannot start until a whole cycle's samples are queued, so generation and training
+    stop overlapping and the run is far slower than plain fully-async training.
+    """
+
+    name = "hoarding"
+
+    def deactivate_wait_samples(self, ctx: ScheduleContext) -> int:
+        """Wait for everything the queue can hold."""
+        return ctx.step_required_samples + ctx.buffer_samples
+
+    def should_activate_after_step(self, ctx: ScheduleContext) -> bool:
+        """Always lend the trainer's GPUs."""
+        return True
+
+
 BROKEN_POLICIES: dict[str, list[tuple[Any, str]]] = {
     "check_policy_api": [(MisnamedPolicy, "name='Misnamed-Policy'")],
     "check_constructible_with_defaults": [
@@ -255,5 +323,10 @@ BROKEN_POLICIES: dict[str, list[tuple[Any, str]]] = {
     "check_only_hybrid_never_deadlocks": [(QueueFloorPolicy, "should_activate_after_step returned False in an only-hybrid")],
     "check_picklable": [(LambdaAttributePolicy, "pickle round trip failed")],
     "check_decision_latency": [(SlowPolicy, "should_activate_after_step took a median")],
+    "check_e2e_training_finishes": [
+        (AlarmGuardedPolicy, "should_activate_after_step at step 0: raised ValueError: signal only works in main thread"),
+    ],
+    "check_e2e_samples_accounted": [(SampleDroppingPolicy, "unaccounted")],
+    "check_e2e_not_slower_than_baseline": [(HoardingPolicy, "expected at most 10% slower")],
 }
 """Check name -> [(policy that must fail it, text its failure message must contain)]."""

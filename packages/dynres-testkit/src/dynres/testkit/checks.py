@@ -33,6 +33,7 @@ import statistics
 import time
 import unittest
 import warnings
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -49,7 +50,10 @@ from dynres.core.policy import POLICY_METHODS, Policy, validate_policy_class
 
 __all__ = [
     "CheckResult",
+    "BASELINE_MARGIN",
+    "BASELINE_POLICY",
     "CheckSkipped",
+    "END_TO_END_CHECKS",
     "LATENCY_MAX_S",
     "LATENCY_MEDIAN_S",
     "PolicyCheckFailure",
@@ -57,6 +61,9 @@ __all__ = [
     "all_checks",
     "check_constructible_with_defaults",
     "check_context_not_mutated",
+    "check_e2e_not_slower_than_baseline",
+    "check_e2e_samples_accounted",
+    "check_e2e_training_finishes",
     "check_decision_latency",
     "check_decision_types",
     "check_deterministic",
@@ -672,6 +679,195 @@ def check_decision_latency(
             )
 
 
+# ---- End-to-end checks (the simulator) ------------------------------------------------------------
+
+BASELINE_POLICY = "static_fully_async"
+"""The policy every other one is compared with end to end."""
+
+BASELINE_MARGIN = 0.10
+"""How much slower than the baseline a policy may be on a short scenario (fraction: 0.10 = 10%)."""
+
+_SIM_CACHE: OrderedDict[tuple[str, str], Any] = OrderedDict()
+_SIM_CACHE_SIZE = 64
+
+
+def _policy_key(subject: _Subject, policy: Policy) -> str | None:
+    # Runs are cached by what determines them: the class, its params and its state. The three
+    # end-to-end checks then share one simulation per scenario instead of running three.
+    cls = type(policy)
+    try:
+        params = json.dumps(policy.params.model_dump(mode="json"), sort_keys=True)
+        state = json.dumps(policy.state_dict(), sort_keys=True, allow_nan=False)
+    except Exception:  # unserialisable state: run uncached (the round-trip check reports it)
+        return None
+    return f"{cls.__module__}:{cls.__qualname__}@{id(cls)}|{params}|{state}"
+
+
+def _simulate(subject: _Subject | None, check: str, scenario: str) -> Any:
+    """The SimResult of ``subject`` (None = the baseline) on a short scenario; failures raise."""
+    try:
+        from dynres.runtime.sim import simulate
+        from dynres.testkit.scenarios import short_scenario
+    except ImportError as exc:
+        raise CheckSkipped(
+            f"{check} needs the dynres simulator, which could not be imported ({exc}); "
+            "install dynres-runtime"
+        ) from None
+    if subject is not None:
+        try:
+            validate_policy_class(subject.cls)
+        except PolicyValidationError:
+            # The runtime refuses such a class outright; check_policy_api reports why, and four
+            # failures for one cause would only bury it.
+            raise CheckSkipped(
+                f"{check}[{subject.label}]: the runtime refuses this class because it fails "
+                "check_policy_api; fix that first"
+            ) from None
+    if subject is None:
+        policy: Policy | str = BASELINE_POLICY
+        key: str | None = f"baseline:{BASELINE_POLICY}"
+        label = BASELINE_POLICY
+    else:
+        policy = subject.fresh(check)
+        key = _policy_key(subject, policy)
+        label = subject.label
+    cache_key = (key or "", scenario)
+    if key is not None and cache_key in _SIM_CACHE:
+        _SIM_CACHE.move_to_end(cache_key)
+        outcome = _SIM_CACHE[cache_key]
+    else:
+        try:
+            outcome = simulate(short_scenario(scenario), policy=policy)
+        except Exception as exc:  # the run itself broke: report it as this check's failure
+            outcome = exc
+        if key is not None:
+            _SIM_CACHE[cache_key] = outcome
+            while len(_SIM_CACHE) > _SIM_CACHE_SIZE:
+                _SIM_CACHE.popitem(last=False)
+    if isinstance(outcome, BaseException):
+        raise PolicyCheckFailure(
+            check, label, f"the simulated run of short scenario {scenario!r} failed: {_exc(outcome)}"
+            f"{_reproduce(scenario)}"
+        ) from outcome
+    return outcome
+
+
+def _reproduce(scenario: str) -> str:
+    return (
+        f" (reproduce: dynres.runtime.sim.simulate(dynres.testkit.scenarios.short_scenario("
+        f"{scenario!r}), policy=...))"
+    )
+
+
+def _scenarios() -> list[str]:
+    from dynres.testkit.scenarios import short_scenario_names
+
+    return short_scenario_names()
+
+
+def _first_fallback(report: Any) -> Any:
+    records = list(getattr(report, "startup_decisions", []))
+    for cycle in report.cycles:
+        records.extend(cycle.decisions)
+    return next((r for r in records if r.fallback), None)
+
+
+def check_e2e_training_finishes(policy: PolicySpec) -> None:
+    """On each short scenario the simulated run completes every cycle with no decision fallback.
+
+    A fallback means the real runtime could not use the policy's answer (it raised, timed out
+    or returned a wrong type there), although the unit checks may have passed: for example a
+    policy that only works on the main thread, while the runtime calls it from a worker thread.
+    """
+    name = "check_e2e_training_finishes"
+    subject = _subject(policy)
+    for scenario in _scenarios():
+        result = _simulate(subject, name, scenario)
+        report = result.report
+        steps = result.scenario.steps
+        if len(report.cycles) != steps:
+            raise subject.fail(
+                name, f"short scenario {scenario!r} ran {len(report.cycles)} of {steps} sync cycles"
+                f"{_reproduce(scenario)}"
+            )
+        needed = steps * result.scenario.step_required_samples
+        if report.samples.consumed != needed:
+            raise subject.fail(
+                name, f"short scenario {scenario!r}: the trainer consumed "
+                f"{report.samples.consumed} samples; expected {needed} ({steps} cycles x "
+                f"{result.scenario.step_required_samples}){_reproduce(scenario)}"
+            )
+        if report.policy_fallbacks:
+            first = _first_fallback(report)
+            detail = (
+                f"; first: {first.method} at step {first.global_steps}: {first.reason}"
+                if first is not None
+                else ""
+            )
+            raise subject.fail(
+                name, f"short scenario {scenario!r}: the runtime had to replace "
+                f"{report.policy_fallbacks} of the policy's answers with safe fallbacks{detail}; "
+                "the runtime calls the policy from a worker thread, under a timeout, and needs "
+                f"the documented return types{_reproduce(scenario)}"
+            )
+
+
+def check_e2e_samples_accounted(policy: PolicySpec) -> None:
+    """On each short scenario no sample is lost or duplicated (the run report's sample counters)."""
+    name = "check_e2e_samples_accounted"
+    subject = _subject(policy)
+    for scenario in _scenarios():
+        s = _simulate(subject, name, scenario).report.samples
+        problems = []
+        if s.duplicates:
+            problems.append(f"{s.duplicates} sample(s) or request(s) produced twice")
+        if s.failed:
+            problems.append(f"{s.failed} sample(s) failed on every replica")
+        started = s.generated + s.partial_at_end + s.failed
+        if s.admitted != started:
+            problems.append(
+                f"{s.admitted} samples admitted but generated + partial_at_end + failed = "
+                f"{s.generated} + {s.partial_at_end} + {s.failed} = {started}"
+            )
+        ended = s.consumed + s.dropped_stale + s.queued_at_end
+        if s.generated != ended:
+            problems.append(
+                f"{s.generated} samples generated but consumed + dropped_stale + queued_at_end = "
+                f"{s.consumed} + {s.dropped_stale} + {s.queued_at_end} = {ended} "
+                f"({s.generated - ended:+d} unaccounted)"
+            )
+        if problems:
+            raise subject.fail(
+                name, f"short scenario {scenario!r}: " + "; ".join(problems)
+                + f"; every sample must be trained on, dropped as stale or still queued, exactly "
+                f"once{_reproduce(scenario)}"
+            )
+
+
+def check_e2e_not_slower_than_baseline(policy: PolicySpec, *, margin: float = BASELINE_MARGIN) -> None:
+    """On each short scenario the end-to-end time is within ``margin`` of static_fully_async's."""
+    name = "check_e2e_not_slower_than_baseline"
+    subject = _subject(policy)
+    for scenario in _scenarios():
+        mine = _simulate(subject, name, scenario).end_to_end_s
+        base = _simulate(None, name, scenario).end_to_end_s
+        if mine > base * (1.0 + margin):
+            raise subject.fail(
+                name, f"short scenario {scenario!r}: end-to-end {mine:.1f} s vs {base:.1f} s for "
+                f"the {BASELINE_POLICY} baseline ({mine / base - 1:+.1%}); expected at most "
+                f"{margin:.0%} slower. Lending trainer GPUs must not cost more than it saves "
+                f"(too many switches, or waiting too long before deactivating){_reproduce(scenario)}"
+            )
+
+
+END_TO_END_CHECKS: tuple[Callable[..., None], ...] = (
+    check_e2e_training_finishes,
+    check_e2e_samples_accounted,
+    check_e2e_not_slower_than_baseline,
+)
+"""The checks that run the policy in the simulator on the short scenarios."""
+
+
 # ---- Collections of checks -----------------------------------------------------------------------
 
 _UNIT_CHECKS: tuple[Callable[..., None], ...] = (
@@ -689,13 +885,9 @@ _UNIT_CHECKS: tuple[Callable[..., None], ...] = (
 )
 
 
-def _e2e_checks() -> tuple[Callable[..., None], ...]:
-    return ()
-
-
 def all_checks(*, end_to_end: bool = True) -> tuple[Callable[..., None], ...]:
     """Every check function, in the order they run (the end-to-end ones last)."""
-    return _UNIT_CHECKS + (_e2e_checks() if end_to_end else ())
+    return _UNIT_CHECKS + (END_TO_END_CHECKS if end_to_end else ())
 
 
 def yield_policy_checks(policy: PolicySpec, *, end_to_end: bool = True) -> Iterator[Callable[..., None]]:
