@@ -48,6 +48,112 @@ def _torch():
     return torch
 
 
+def offloadable_tensors(model: Any, optimizer: Any = None) -> list[Any]:
+    """Tensors that hold a trainer's memory, one per storage: params (local shards), grads, optimizer state.
+
+    Understands FSDP2 DTensor parameters (their local shard), Megatron's ``main_grad`` buffers and
+    optimizers that wrap a torch optimizer in ``.optimizer`` (Megatron's ``MegatronOptimizer``).
+    """
+    torch = _torch()
+    seen: set[int] = set()
+    out: list[Any] = []
+
+    def add(t: Any) -> None:
+        if t is None or not torch.is_tensor(t):
+            return
+        if isinstance(t, torch.nn.Parameter):
+            t = t.data
+        if hasattr(t, "to_local"):
+            # FSDP2 parameters are DTensors: the memory lives in the local shard.
+            t = t.to_local()
+        # Deduplicate by storage (tied weights, views into one buffer): _cdata names the StorageImpl.
+        key = t.untyped_storage()._cdata
+        if key not in seen:
+            seen.add(key)
+            out.append(t)
+
+    for p in model.parameters():
+        add(p)
+        add(p.grad)
+        add(getattr(p, "main_grad", None))
+    opt = optimizer
+    while opt is not None:
+        for state in getattr(opt, "state", {}).values():
+            if isinstance(state, Mapping):
+                for v in state.values():
+                    add(v)
+        inner = getattr(opt, "optimizer", None)
+        opt = inner if inner is not opt else None
+    return out
+
+
+class TensorOffloader:
+    """Frees the storages of a set of tensors into host copies and restores them bit-exact.
+
+    The tensors (and every view, ``Parameter`` or optimizer reference to them) stay the same
+    Python objects: only their storage is resized to 0 bytes and back, so nothing that holds a
+    reference needs rebuilding after :meth:`onload`.
+    """
+
+    def __init__(self) -> None:
+        """Start with nothing offloaded."""
+        self._saved: list[tuple[Any, Any]] | None = None
+
+    @property
+    def offloaded(self) -> bool:
+        """True between offload and onload."""
+        return self._saved is not None
+
+    @staticmethod
+    def resident_bytes(tensors: Sequence[Any]) -> int:
+        """Bytes held by the storages of ``tensors`` (bytes)."""
+        return sum(t.untyped_storage().nbytes() for t in tensors)
+
+    @staticmethod
+    def _bytes_view(t: Any) -> Any:
+        """A uint8 tensor over the whole storage of ``t`` (same memory)."""
+        torch = _torch()
+        st = t.untyped_storage()
+        return torch.empty(0, dtype=torch.uint8, device=st.device).set_(st)
+
+    def offload(self, tensors: Sequence[Any]) -> int:
+        """Copy each storage to host (pinned when on an accelerator), then free it; return bytes freed."""
+        torch = _torch()
+        if self._saved is not None:
+            return 0
+        saved = []
+        freed = 0
+        for t in tensors:
+            # Raw bytes of the whole storage: the restore is bit-exact whatever dtype, offset or stride.
+            src = self._bytes_view(t)
+            pin = src.device.type != "cpu" and torch.cuda.is_available()
+            host = torch.empty(src.numel(), dtype=torch.uint8, pin_memory=pin)
+            host.copy_(src)
+            freed += src.numel()
+            saved.append((t, host))
+        # Free only once every copy succeeded, so a failure part-way loses nothing.
+        for t, _ in saved:
+            t.untyped_storage().resize_(0)
+        self._saved = saved
+        return freed
+
+    def onload(self) -> int:
+        """Reallocate each freed storage and copy the host bytes back; return bytes restored."""
+        if self._saved is None:
+            return 0
+        restored = 0
+        for t, host in self._saved:
+            t.untyped_storage().resize_(host.numel())
+            self._bytes_view(t).copy_(host)
+            restored += host.numel()
+        self._saved = None
+        return restored
+
+    def discard(self) -> None:
+        """Forget the host copies (the offloaded tensors stay empty)."""
+        self._saved = None
+
+
 @dataclass(frozen=True)
 class TrainSample:
     """One prompt group: a prompt and its ``n`` responses (the unit of group normalisation)."""
@@ -170,7 +276,7 @@ class TorchTrainEngine:
             weight_decay=self.config.weight_decay,
         )
         self.version = 0
-        self._offloaded: list[tuple[Any, Any]] | None = None  # (device tensor, host copy)
+        self._offloader = TensorOffloader()
         self._export_names: list[str] | None = None
         self._lock = asyncio.Lock()
         self._avg = {op: _Avg() for op in ("offload", "onload", "export_weights")}
@@ -321,7 +427,7 @@ class TorchTrainEngine:
     def train_step_sync(self, batch: Sequence[Any]) -> TrainStepResult:
         """One fit step, blocking (the async :meth:`train_step` runs it in a thread)."""
         torch = self.torch
-        if self._offloaded is not None:
+        if self._offloader.offloaded:
             raise BackendError("train_step called while the trainer is offloaded; await onload() first")
         # Compute timings are wall-clock seconds of real work in this worker thread (never run under
         # the simulator's virtual clock).
@@ -366,78 +472,23 @@ class TorchTrainEngine:
 
     # ------------------------------------------------------------------ memory hand-over
     def _tensors(self) -> list[Any]:
-        """Every tensor offload moves (params' local shards, grads, optimizer state), one per storage."""
-        torch = self.torch
-        seen: set[int] = set()
-        out: list[Any] = []
-
-        def add(t: Any) -> None:
-            if t is None:
-                return
-            if isinstance(t, torch.nn.Parameter):
-                t = t.data
-            # FSDP2 parameters are DTensors: the memory lives in the local shard.
-            if hasattr(t, "to_local"):
-                t = t.to_local()
-            # Deduplicate by storage (tied weights, views): _cdata identifies the StorageImpl.
-            key = t.untyped_storage()._cdata
-            if key not in seen:
-                seen.add(key)
-                out.append(t)
-
-        for p in self.model.parameters():
-            add(p)
-            add(p.grad)
-        for state in self.optimizer.state.values():
-            for v in state.values():
-                if torch.is_tensor(v):
-                    add(v)
-        return out
+        """Every tensor offload moves: parameters (local shards), their grads, optimizer state."""
+        return offloadable_tensors(self.model, self.optimizer)
 
     def resident_bytes(self) -> int:
         """Bytes held by the storages of parameters, grads and optimizer state (0 after offload)."""
-        return sum(t.untyped_storage().nbytes() for t in self._tensors())
-
-    def _bytes_view(self, t: Any) -> Any:
-        """A uint8 tensor over the whole storage of ``t`` (same memory)."""
-        torch = self.torch
-        st = t.untyped_storage()
-        return torch.empty(0, dtype=torch.uint8, device=st.device).set_(st)
+        return self._offloader.resident_bytes(self._tensors())
 
     def offload_sync(self) -> int:
         """Copy every tensor to host and free its storage; return the bytes freed (blocking)."""
-        torch = self.torch
-        if self._offloaded is not None:
+        if self._offloader.offloaded:
             return 0
         self.optimizer.zero_grad(set_to_none=True)
-        pin = self.device.type != "cpu" and torch.cuda.is_available()
-        saved = []
-        freed = 0
-        for t in self._tensors():
-            # The host copy holds the raw bytes of the whole storage, so the restore is bit-exact
-            # whatever the tensor's dtype, view offset or strides.
-            src = self._bytes_view(t)
-            host = torch.empty(src.numel(), dtype=torch.uint8, pin_memory=pin)
-            host.copy_(src)
-            freed += src.numel()
-            saved.append((t, host))
-        for t, _ in saved:
-            t.untyped_storage().resize_(0)
-        self._offloaded = saved
-        return freed
+        return self._offloader.offload(self._tensors())
 
     def onload_sync(self) -> int:
         """Reallocate every freed storage and copy the host bytes back; return bytes restored."""
-        torch = self.torch
-        if self._offloaded is None:
-            return 0
-        restored = 0
-        for t, host in self._offloaded:
-            t.untyped_storage().resize_(host.numel())
-            self._bytes_view(t).copy_(host)
-            restored += host.numel()
-        self._offloaded = None
-        return restored
+        return self._offloader.onload()
 
     async def offload(self) -> None:
         """Free parameter, gradient and optimizer-state memory (host copies kept for onload)."""
@@ -456,7 +507,7 @@ class TorchTrainEngine:
     @property
     def offloaded(self) -> bool:
         """True between offload and onload."""
-        return self._offloaded is not None
+        return self._offloader.offloaded
 
     # ------------------------------------------------------------------ weight export
     def named_weights(self) -> Iterator[tuple[str, Any]]:
@@ -470,7 +521,7 @@ class TorchTrainEngine:
 
     def export_weights_sync(self) -> WeightUpdate:
         """Copy the weights into bounded CPU buckets (blocking); onloads temporarily if offloaded."""
-        was_offloaded = self._offloaded is not None
+        was_offloaded = self._offloader.offloaded
         if was_offloaded:
             # Exporting from the host copies would need their dtype/shape bookkeeping; a temporary
             # onload is simpler and on the device path costs one extra host->device copy.
@@ -497,9 +548,10 @@ class TorchTrainEngine:
 
     async def shutdown(self) -> None:
         """Drop the model, optimizer and any host copies."""
-        self._offloaded = None
+        self._offloader.discard()
         self.optimizer = None  # type: ignore[assignment]
         self.model = None
 
 
-__all__ = ["PreparedBatch", "TorchTrainConfig", "TorchTrainEngine", "TrainSample", "WeightBuckets"]
+__all__ = ["PreparedBatch", "TensorOffloader", "TorchTrainConfig", "TorchTrainEngine", "TrainSample", "WeightBuckets",
+           "offloadable_tensors"]
