@@ -95,7 +95,7 @@ def _write_json(path: str, results: list[Any]) -> None:
             "first_run_shorter_by": _speedups(results),
         }
     try:
-        Path(path).write_text(json.dumps(payload, indent=1, allow_nan=True) + "\n", encoding="utf-8")
+        Path(path).write_text(json.dumps(payload, indent=1, allow_nan=False) + "\n", encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"--json {path}: cannot write the file ({exc.strerror}); choose a writable path") from None
 

@@ -111,9 +111,9 @@ class SimResult:
         }
 
     def to_dict(self) -> dict[str, Any]:
-        """The ``--json`` object: headline numbers, one entry per step, the full report."""
+        """The ``--json`` object: headline numbers, one entry per step, the full report (NaN -> null)."""
         s = self.scenario
-        return {
+        return _scrub({
             "scenario": s.name,
             "description": s.description,
             "policy": self.policy,
@@ -124,8 +124,8 @@ class SimResult:
             "cluster": s.cluster.model_dump(),
             "steps": [_step_dict(c) for c in self.report.cycles],
             "sim": dict(self.extra),
-            "report": _scrub(self.report.to_dict()),
-        }
+            "report": self.report.to_dict(),
+        })
 
 
 def _step_dict(c: CycleReport) -> dict[str, Any]:
@@ -148,10 +148,14 @@ def _step_dict(c: CycleReport) -> dict[str, Any]:
 
 
 def _scrub(v: Any) -> Any:
+    # Drop real-time profiling keys (so the JSON is deterministic) and turn NaN/inf into null
+    # (so it is strict JSON).
     if isinstance(v, dict):
         return {k: _scrub(x) for k, x in v.items() if k not in REAL_TIME_KEYS}
     if isinstance(v, list):
         return [_scrub(x) for x in v]
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
     return v
 
 
