@@ -133,3 +133,22 @@ def test_usage_errors_exit_2() -> None:
     assert res.exit_code == 2 and "exactly one of SCENARIO or --preset" in res.stderr
     res = CliRunner().invoke(main, ["simulate", "x.yaml", "--preset", "seed-dynamic-16-16"])
     assert res.exit_code == 2
+
+
+def test_json_is_identical_across_processes(tmp_path: Path) -> None:
+    """Same scenario + seed -> byte-identical JSON, even with different hash seeds per process."""
+    import os
+    import subprocess
+    import sys
+
+    outs = []
+    for hashseed in ("1", "2"):
+        out = tmp_path / f"run{hashseed}.json"
+        env = {**os.environ, "PYTHONHASHSEED": hashseed}
+        subprocess.run(
+            [sys.executable, "-c", "from dynres.runtime.cli import main; main()", "simulate",
+             "--preset", "seed-dynamic-16-16", "--set", "steps=2", "-q", "--json", str(out)],
+            check=True, env=env, capture_output=True,
+        )
+        outs.append(out.read_bytes())
+    assert outs[0] == outs[1]
