@@ -122,6 +122,8 @@ class VllmReplicaConfig:
     """Extra stop tokens; None = the model config's ``eos_token_id`` (needed without a tokenizer)."""
     weight_dir: str | None = None
     """Where weight buckets are written for loading (None = /dev/shm, else the temp dir)."""
+    cpu_kv_cache_gib: float | None = 1.0
+    """On CPU: KV cache size (GiB) exported as VLLM_CPU_KVCACHE_SPACE when that is unset (None = vLLM's default)."""
     op_timeout_s: float = 300.0
     """Timeout of each control operation (seconds)."""
     engine_kwargs: Mapping[str, Any] = field(default_factory=dict)
@@ -242,7 +244,11 @@ class VllmReplica:
     async def create(cls, replica_id: str, config: VllmReplicaConfig,
                      kind: ReplicaKind = ReplicaKind.STANDALONE) -> VllmReplica:
         """Start an engine for ``config`` without blocking the event loop; return the replica."""
-        AsyncLLM, *_ = _import_vllm()
+        AsyncLLM, *_, platform = _import_vllm()
+        if platform.is_cpu() and config.cpu_kv_cache_gib is not None:
+            # vLLM's CPU worker sizes its KV cache from this variable (read in the spawned engine
+            # processes, which inherit our environment); an explicit setting by the user wins.
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{config.cpu_kv_cache_gib:g}")
         args = cls.engine_args(config)
         try:
             # from_engine_args spawns the engine-core process and waits for it (seconds): run it in
@@ -454,8 +460,10 @@ class VllmReplica:
             self._closed = True
             engine, self.engine = self.engine, None
             await asyncio.to_thread(engine.shutdown)
-            # Drop the last reference now: AsyncLLM.__del__ shuts down again, which fails noisily
-            # when it only runs at interpreter exit.
+            # AsyncLLM.__del__ calls shutdown() again; when that only happens at interpreter exit
+            # it fails noisily on torn-down module globals. The engine is already down: make the
+            # second call a no-op on this instance.
+            engine.shutdown = lambda *args, **kwargs: None
             del engine
             gc.collect()
 
