@@ -293,6 +293,12 @@ def _for_all(strategy: Any, body: Callable[[Any], None], *, max_examples: int, s
     )(given(strategy)(body))
     try:
         runner()
+    except PolicyCheckFailure as exc:
+        # Hypothesis attaches the whole generated run as a note; the message already shows the
+        # context that failed, and pages of repr would bury it.
+        if hasattr(exc, "__notes__"):
+            del exc.__notes__
+        raise
     except Flaky as exc:
         # The failure did not repeat when hypothesis replayed the same input: report the
         # original failure and say that the policy's answers vary.
