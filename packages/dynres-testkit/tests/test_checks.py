@@ -221,3 +221,13 @@ def test_parametrize_with_checks_ids_and_xfail_marks():
     assert "check_decision_latency[default]" in ids
     xfails = [p.id for p in params if p.marks]
     assert xfails == ["check_only_hybrid_never_deadlocks[queue_floor_unguarded]"]
+
+
+def test_failures_pickle_with_their_parts():
+    import pickle
+
+    failure = PolicyCheckFailure("check_x", "my_policy", "went wrong")
+    copy = pickle.loads(pickle.dumps(failure))
+    assert (copy.check, copy.policy, copy.detail, str(copy)) == (
+        "check_x", "my_policy", "went wrong", "check_x[my_policy]: went wrong"
+    )

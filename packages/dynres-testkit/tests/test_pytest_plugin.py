@@ -92,3 +92,9 @@ def test_plugin_import_is_cheap() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_end_to_end_checks_show_as_skips_for_a_refused_class(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest("--dynres-policy", f"{BROKEN}:MisnamedPolicy", "-rs")
+    result.assert_outcomes(failed=1, passed=10, skipped=3)
+    result.stdout.fnmatch_lines(["*fails check_policy_api; fix that first*"])

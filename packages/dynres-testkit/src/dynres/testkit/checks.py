@@ -49,9 +49,9 @@ from dynres.core.errors import (
 from dynres.core.policy import POLICY_METHODS, Policy, validate_policy_class
 
 __all__ = [
-    "CheckResult",
     "BASELINE_MARGIN",
     "BASELINE_POLICY",
+    "CheckResult",
     "CheckSkipped",
     "END_TO_END_CHECKS",
     "LATENCY_MAX_S",
@@ -107,6 +107,10 @@ class PolicyCheckFailure(DynresError, AssertionError):
         self.check = check
         self.policy = policy
         self.detail = message
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickle by the three parts, so failures cross process boundaries (pytest-xdist, pools)."""
+        return (type(self), (self.check, self.policy, self.detail))
 
 
 class CheckSkipped(unittest.SkipTest):
