@@ -28,6 +28,7 @@ import gc
 import importlib
 import inspect
 import json
+import math
 import pickle
 import statistics
 import time
@@ -673,7 +674,10 @@ def check_decision_latency(
             for method in POLICY_METHODS:
                 start = time.perf_counter()
                 _call(subject, name, pol, method, ctx)
-                timings[method].append(time.perf_counter() - start)
+                elapsed = time.perf_counter() - start
+                if elapsed > max_s:
+                    elapsed = min(elapsed, _retime(subject, name, pol, method, ctx))
+                timings[method].append(elapsed)
     finally:
         if was_enabled:
             gc.enable()
@@ -687,6 +691,18 @@ def check_decision_latency(
                 "policy on the training loop's critical path (no I/O, no sleeping, no heavy "
                 "computation per call)"
             )
+
+
+def _retime(subject: _Subject, check: str, policy: Policy, method: str, ctx: ScheduleContext) -> float:
+    # A call over the budget is timed twice more on copies: a slow policy is slow every time,
+    # while a busy host (another process took the CPU) rarely stalls the same call three times.
+    best = math.inf
+    for _ in range(2):
+        twin = copy.deepcopy(policy)
+        start = time.perf_counter()
+        _call(subject, check, twin, method, ctx)
+        best = min(best, time.perf_counter() - start)
+    return best
 
 
 # ---- End-to-end checks (the simulator) ------------------------------------------------------------
