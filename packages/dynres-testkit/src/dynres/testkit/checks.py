@@ -279,8 +279,9 @@ def _first_difference(a: Sequence[Any], b: Sequence[Any]) -> tuple[str, Any, Any
 def _for_all(strategy: Any, body: Callable[[Any], None], *, max_examples: int, shrink: bool = False) -> None:
     """Run ``body`` on examples of ``strategy`` with reproducible, side-effect-free settings.
 
-    The database is off (no ``.hypothesis`` folder in the author's project) and generation is
-    derandomized (the same policy gets the same verdict on every run and machine).
+    The example database is off and generation is derandomized, so the same policy gets the
+    same verdict on every run and machine. Shrinking is off by default: shrinking a run of
+    contexts costs seconds per failure, and the message already shows the failing context.
     """
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis.errors import Flaky
