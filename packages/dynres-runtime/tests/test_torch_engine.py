@@ -163,3 +163,28 @@ def test_missing_reward_fn_and_empty_batch():
         eng.prepare(_batch(1))
     with pytest.raises(BackendError, match="empty batch"):
         eng.prepare([])
+
+
+def test_from_pretrained_with_config_fields_and_reward_path(tmp_path):
+    from dynres.core.errors import ConfigError
+    from dynres.runtime.backends.tiny_model import save_tiny_model
+
+    path = save_tiny_model(tmp_path / "m", seed=0)
+    eng = TorchTrainEngine.from_pretrained(str(path), lr=5e-4, seed=3,
+                                           reward_fn="dynres.runtime.backends.tiny_model:parity_reward")
+    assert eng.config.lr == 5e-4 and eng.config.seed == 3 and eng.reward_fn is parity_reward
+    with pytest.raises(ConfigError, match="did you mean 'lr'"):
+        TorchTrainEngine.from_pretrained(str(path), lrr=1.0)
+    with pytest.raises(ConfigError, match="module:function"):
+        TorchTrainEngine.from_pretrained(str(path), reward_fn="no_colon")
+
+
+def test_accepts_runtime_samples():
+    samples = pytest.importorskip("dynres.runtime.samples")
+    eng = _engine(lr=1e-3)
+    prompt = make_prompts(1)[0]
+    resps = tuple(GenerationResult(f"r{i}", [3 + i, 5, 7 + 2 * i], [-1.0] * 3, "length", "rep") for i in range(3))
+    sample = samples.Sample(group=samples.PromptGroup(sample_id="s0", prompt_token_ids=prompt, n=3),
+                            responses=resps, start_version=0, finish_version=0, started_s=0.0, finished_s=1.0)
+    res = asyncio.run(eng.train_step([sample]))
+    assert res.metrics["response_length/mean"] == 3.0

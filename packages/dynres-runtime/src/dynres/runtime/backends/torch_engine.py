@@ -28,13 +28,15 @@ tensors.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import importlib
 import math
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dynres.core.errors import BackendError, MissingExtraError
+from dynres.core.errors import BackendError, ConfigError, MissingExtraError, did_you_mean
 from dynres.runtime.backends.protocols import OperationCosts, TrainStepResult, WeightUpdate
 from dynres.runtime.backends.weights import DEFAULT_BUCKET_BYTES, WeightBuckets, bucketize
 
@@ -46,6 +48,27 @@ def _torch():
     except ImportError as exc:
         raise MissingExtraError("torch", "torch") from exc
     return torch
+
+
+RewardFn = Callable[[Sequence[int], Sequence[int]], float]
+"""A verifiable reward: (prompt token ids, response token ids) -> reward."""
+
+
+def resolve_reward_fn(reward_fn: RewardFn | str | None) -> RewardFn | None:
+    """Return ``reward_fn`` itself, or import it from a ``"module:function"`` string."""
+    if reward_fn is None or callable(reward_fn):
+        return reward_fn
+    module, _, attr = str(reward_fn).partition(":")
+    if not module or not attr:
+        raise ConfigError(f"reward_fn {reward_fn!r} must be a callable or 'module:function', "
+                          "e.g. 'dynres.runtime.backends.tiny_model:parity_reward'")
+    try:
+        fn = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"reward_fn {reward_fn!r} could not be imported: {exc}; check the module path") from exc
+    if not callable(fn):
+        raise ConfigError(f"reward_fn {reward_fn!r} is not callable")
+    return fn
 
 
 def offloadable_tensors(model: Any, optimizer: Any = None) -> list[Any]:
@@ -259,12 +282,12 @@ class TorchTrainEngine:
     """A :class:`TrainEngine` that trains a HF causal LM with a GRPO-style clipped policy gradient."""
 
     def __init__(self, model: Any, config: TorchTrainConfig | None = None,
-                 reward_fn: Callable[[Sequence[int], Sequence[int]], float] | None = None) -> None:
+                 reward_fn: RewardFn | str | None = None) -> None:
         """Take ownership of ``model`` (a HF ``PreTrainedModel``), place it, build AdamW."""
         torch = _torch()
         self.torch = torch
         self.config = config or TorchTrainConfig()
-        self.reward_fn = reward_fn
+        self.reward_fn = resolve_reward_fn(reward_fn)
         torch.manual_seed(self.config.seed)
         self.device = torch.device(self.config.device)
         self.model = model.to(device=self.device, dtype=getattr(torch, self.config.dtype))
@@ -283,16 +306,30 @@ class TorchTrainEngine:
 
     @classmethod
     def from_pretrained(cls, path: str, config: TorchTrainConfig | None = None,
-                        reward_fn: Callable[[Sequence[int], Sequence[int]], float] | None = None) -> TorchTrainEngine:
-        """Load a HF causal LM from ``path`` (a local directory) and wrap it."""
+                        reward_fn: RewardFn | str | None = None, **config_fields: Any) -> TorchTrainEngine:
+        """Load a HF causal LM from local directory ``path`` and wrap it.
+
+        ``config_fields`` override fields of ``config`` (e.g. ``lr=1e-4, seed=1``); ``reward_fn``
+        may be a callable or a ``"module:function"`` string.
+        """
         torch = _torch()
         try:
             from transformers import AutoModelForCausalLM
         except ImportError as exc:
             raise MissingExtraError("transformers", "torch") from exc
         cfg = config or TorchTrainConfig()
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, cfg.dtype))
-        return cls(model, cfg, reward_fn)
+        if config_fields:
+            known = {f.name for f in dataclasses.fields(TorchTrainConfig)}
+            unknown = sorted(set(config_fields) - known)
+            if unknown:
+                raise ConfigError(f"unknown TorchTrainConfig field(s) {unknown}{did_you_mean(unknown[0], known)}; "
+                                  f"valid fields: {sorted(known)}")
+            cfg = dataclasses.replace(cfg, **config_fields)
+        try:
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, cfg.dtype))
+        except (OSError, ValueError) as exc:
+            raise BackendError(f"could not load a causal LM from {path!r}: {exc}; pass a local HF model directory") from exc
+        return cls(model, cfg, resolve_reward_fn(reward_fn))
 
     # ------------------------------------------------------------------ FSDP2
     def _shard(self) -> None:
@@ -326,7 +363,14 @@ class TorchTrainEngine:
         t0 = time.perf_counter()
         groups: list[tuple[list[int], list[list[int]], list[float], list[Any]]] = []
         for sample in batch:
-            prompt = [int(t) for t in _field(sample, "prompt_token_ids")]
+            prompt_ids = _field(sample, "prompt_token_ids")
+            if prompt_ids is None and _field(sample, "group") is not None:
+                # dynres.runtime.samples.Sample keeps the prompt on its PromptGroup.
+                prompt_ids = _field(_field(sample, "group"), "prompt_token_ids")
+            if prompt_ids is None:
+                raise BackendError(f"batch item {type(sample).__name__} has no prompt_token_ids (nor "
+                                   ".group.prompt_token_ids); pass TrainSample or runtime Sample objects")
+            prompt = [int(t) for t in prompt_ids]
             resps = list(_field(sample, "responses"))
             toks = [_tokens_of(r) for r in resps]
             rewards = _field(sample, "rewards")
@@ -554,4 +598,5 @@ class TorchTrainEngine:
 
 
 __all__ = ["PreparedBatch", "TensorOffloader", "TorchTrainConfig", "TorchTrainEngine", "TrainSample", "WeightBuckets",
-           "offloadable_tensors"]
+           "offloadable_tensors",
+           "resolve_reward_fn"]
