@@ -160,7 +160,12 @@ def test_train_step_needs_step_fn_and_counts_versions(pair):
     with pytest.raises(BackendError, match="step_fn"):
         asyncio.run(eng.train_step([]))
     calls = []
-    eng2 = MegatronTrainEngine(model, step_fn=lambda m, o, b: calls.append(len(b)) or TrainStepResult({"update_actor": 0.0}))
+
+    def step(m, o, batch):
+        calls.append(len(batch))
+        return TrainStepResult({"update_actor": 0.0})
+
+    eng2 = MegatronTrainEngine(model, step_fn=step)
     res = asyncio.run(eng2.train_step([1, 2]))
     assert calls == [2] and eng2.version == 1 and res.phase_times == {"update_actor": 0.0}
 

@@ -328,7 +328,8 @@ class TorchTrainEngine:
         try:
             model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, cfg.dtype))
         except (OSError, ValueError) as exc:
-            raise BackendError(f"could not load a causal LM from {path!r}: {exc}; pass a local HF model directory") from exc
+            raise BackendError(f"could not load a causal LM from {path!r}: {exc}; "
+                               "pass a local HF model directory") from exc
         return cls(model, cfg, resolve_reward_fn(reward_fn))
 
     # ------------------------------------------------------------------ FSDP2
