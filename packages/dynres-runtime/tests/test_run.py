@@ -123,7 +123,13 @@ def test_standalone_replica_dying_is_survived() -> None:
 def test_checkpoint_keeps_partial_samples_and_resume_finishes_them() -> None:
     cl = FakeCluster(2, 2, tokens_per_s=500, response_tokens=60)
     pol = load_policy("default", {"deactivate_ratio": 0.5})
-    first = asyncio.run(run_fully_async(spec(cl, policy=pol, num_cycles=2, keep_checkpoint=True)))
+    # the progress callback lets the samples admitted after the last sync make some progress
+    # before the run ends, so there is partial output to keep
+    first = asyncio.run(
+        run_fully_async(
+            spec(cl, policy=pol, num_cycles=2, keep_checkpoint=True, progress=lambda c: asyncio.sleep(0.03))
+        )
+    )
     ckpt = first.checkpoint
     assert ckpt is not None and ckpt["format"] == CHECKPOINT_FORMAT
     json.dumps(ckpt)  # JSON-serialisable
