@@ -304,3 +304,24 @@ def test_wait_idle_resolves_after_abort() -> None:
         assert {r.replica_id for r in results} == {"b"}
 
     asyncio.run(main())
+
+
+def test_retries_are_spread_over_loop_iterations_without_loss() -> None:
+    async def main() -> None:
+        a = FakeReplica("a", tokens_per_s=2000, response_tokens=100)
+        b = FakeReplica("b", tokens_per_s=2000, response_tokens=100)
+        lb = lb_with(a, retry_batch=1)
+        tasks = [asyncio.create_task(lb.generate(req(i))) for i in range(20)]
+        await asyncio.sleep(0.01)
+        lb.add_replica(b)
+        lb.remove_replica("a")
+        await a.abort(None)
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert lb.total_in_flight < 20  # one retry per iteration, not all at once
+        results = await asyncio.gather(*tasks)
+        assert {r.replica_id for r in results} == {"b"}
+        assert sorted(b.completed) == sorted(f"r{i}" for i in range(20))
+        assert lb.counters.resumed == 20
+
+    asyncio.run(main())

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -68,6 +68,7 @@ class LoadBalancer:
         sticky_capacity: int = 100_000,
         partial_rollout: bool = True,
         max_failed_attempts: int = 8,
+        retry_batch: int = 32,
         on_change: Callable[[], None] | None = None,
         on_replica_failure: Callable[[str, BaseException], None] | None = None,
     ) -> None:
@@ -78,6 +79,9 @@ class LoadBalancer:
         :param partial_rollout: resume aborted requests from their partial output.
         :param max_failed_attempts: replica failures one request may hit before its error is
             raised to the caller (count; aborts do not count).
+        :param retry_batch: most retries routed per event-loop iteration (count); a
+            deactivation that aborts thousands of requests at once is spread over iterations so
+            the loop stays responsive.
         :param on_change: called after every add/remove (the rollouter recomputes its capacity).
         :param on_replica_failure: called with (replica_id, error) when a replica raises during
             generation; the balancer has already removed it from routing.
@@ -90,6 +94,8 @@ class LoadBalancer:
         """Most sticky entries kept (count)."""
         self.max_failed_attempts = max_failed_attempts
         """Replica failures one request may hit before the error reaches the caller (count)."""
+        self.retry_batch = max(1, retry_batch)
+        """Most retries routed per event-loop iteration (count)."""
         self.counters = BalancerCounters()
         """Request counters."""
         self._on_change = on_change
@@ -115,6 +121,9 @@ class LoadBalancer:
         self._idle_waiters: dict[str, list[asyncio.Future[None]]] = {}
         self._all_idle_waiters: list[asyncio.Future[None]] = []
         self._draining = False
+        self._retry_budget = self.retry_batch
+        self._retry_waiters: deque[asyncio.Future[None]] = deque()
+        self._retry_pump_scheduled = False
 
     # ---- Membership -------------------------------------------------------------------------
 
@@ -349,6 +358,37 @@ class LoadBalancer:
                 self.counters.parked += 1
                 return result if len(result.token_ids) >= len(req.partial_token_ids) else _parked(req)
             req = self._retry_request(req, result)
+            await self._retry_slot()
+
+    async def _retry_slot(self) -> None:
+        """Wait for one of the ``retry_batch`` retry slots of the current loop iteration."""
+        if self._retry_budget > 0 and not self._retry_waiters:
+            self._retry_budget -= 1
+            self._schedule_retry_pump()
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._retry_waiters.append(fut)
+        self._schedule_retry_pump()
+        await fut
+
+    def _schedule_retry_pump(self) -> None:
+        if not self._retry_pump_scheduled:
+            self._retry_pump_scheduled = True
+            asyncio.get_running_loop().call_soon(self._retry_pump)
+
+    def _retry_pump(self) -> None:
+        # Runs once per loop iteration while retries are pending: refills the budget and wakes
+        # at most retry_batch waiting retries (they run in the next iteration).
+        self._retry_pump_scheduled = False
+        self._retry_budget = self.retry_batch
+        waiters = self._retry_waiters
+        while waiters and self._retry_budget > 0:
+            fut = waiters.popleft()
+            if not fut.done():
+                fut.set_result(None)
+                self._retry_budget -= 1
+        if waiters or self._retry_budget < self.retry_batch:
+            self._schedule_retry_pump()
 
     def _retry_request(self, req: GenerationRequest, result: GenerationResult) -> GenerationRequest:
         if self.partial_rollout and len(result.token_ids) > 0:

@@ -168,7 +168,7 @@ class FakeReplica(_FaultsMixin):
         die_after_s: float | None = None,
         asleep: bool | None = None,
         manual: bool = False,
-        abort_chunk: int = 64,
+        abort_chunk: int = 8,
         log: list[OpRecord] | None = None,
         log_generate: bool = True,
     ) -> None:
@@ -322,11 +322,11 @@ class FakeReplica(_FaultsMixin):
                     continue
                 remaining_s = (gen.target - gen.produced) / self.tokens_per_s
                 t0 = loop.time()
-                handle = loop.call_later(remaining_s, gen.wake.set)
-                try:
-                    await gen.wake.wait()
-                finally:
-                    handle.cancel()
+                # The timer is left to fire even when something else woke the request first:
+                # cancelling thousands of timers at once (an abort) makes asyncio rebuild its
+                # timer heap inside one loop iteration. A late timer only sets a stale event.
+                loop.call_later(remaining_s, gen.wake.set)
+                await gen.wake.wait()
                 elapsed = loop.time() - t0
                 # Tolerances: on a virtual clock t0 + d - t0 can come out a hair below d.
                 if elapsed + 1e-9 >= remaining_s:

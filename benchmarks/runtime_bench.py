@@ -1,0 +1,187 @@
+"""Runtime benchmark: deactivation scaling, routing throughput, event-loop lag under load.
+
+Run: ``.venv/bin/python benchmarks/runtime_bench.py`` (about 15 s on 2 cores). Prints each figure
+with its target and PASS/FAIL; exits 1 if any target is missed. Real time is measured here on
+purpose (this is a benchmark, not runtime code).
+
+1. Deactivation time of 1, 8 and 64 fake hybrid replicas whose every operation takes 100 ms
+   (remove from routing, abort + drain, sleep, trainer onload); target: 64 replicas within 1.2x
+   of 1 replica (operations run concurrently).
+2. Load-balancer routing decisions per second with 10,000 requests in flight on 64 replicas,
+   sticky sessions on (each decision = route one new request + release one finished request);
+   target >= 100,000/s.
+3. Largest event-loop lag while 8 hybrid replicas are deactivated with 10,000 requests in flight
+   on 16 replicas (the aborted requests are retried on the standalone replicas); target < 10 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import random
+import statistics
+import sys
+import time
+
+from dynres.runtime.backends.protocols import GenerationRequest, WeightUpdate
+from dynres.runtime.balancer import LoadBalancer
+from dynres.runtime.controller import Controller
+from dynres.runtime.ops import OpRunner
+from dynres.testkit.fakes import FakeReplica, FakeTrainEngine
+
+OP_LATENCY_S = 0.1
+
+
+def _controller(lb: LoadBalancer, hybrid: list[FakeReplica], engine: FakeTrainEngine) -> Controller:
+    loop = asyncio.get_running_loop()
+    return Controller(
+        balancer=lb,
+        train_engine=engine,
+        hybrid=hybrid,
+        ops=OpRunner(timeout_s=60.0, now=loop.time),
+        now=loop.time,
+    )
+
+
+async def deactivation_time(n: int) -> float:
+    """Seconds one deactivation of ``n`` hybrid replicas takes (real loop, 100 ms per op)."""
+    lat = {op: OP_LATENCY_S for op in ("abort", "sleep", "wake_up", "update_weights", "resume", "pause")}
+    hybrid = [FakeReplica(f"h{i}", "hybrid", latency=lat, log_generate=False) for i in range(n)]
+    engine = FakeTrainEngine(latency=OP_LATENCY_S)
+    lb = LoadBalancer()
+    ctl = _controller(lb, hybrid, engine)
+    await ctl.activate(WeightUpdate(1))
+    t0 = time.perf_counter()
+    await ctl.deactivate()
+    return time.perf_counter() - t0
+
+
+def routing_rate(in_flight: int = 10_000, replicas: int = 64, decisions: int = 300_000) -> float:
+    """Routing decisions per second with ``in_flight`` requests running."""
+    lb = LoadBalancer(seed=1, sticky_capacity=100_000)
+    for i in range(replicas):
+        lb.add_replica(FakeReplica(f"r{i}", log_generate=False))
+    running = [f"w{i}" for i in range(in_flight)]
+    for rid in running:
+        lb.route(rid)
+    rng = random.Random(7)
+    picks = [rng.randrange(in_flight) for _ in range(decisions)]
+    new_ids = [f"n{i}" for i in range(decisions)]
+    route, release = lb.route, lb.release
+    gc.disable()
+    try:
+        t0 = time.perf_counter()
+        for k in range(decisions):
+            j = picks[k]
+            release(running[j])
+            rid = new_ids[k]
+            route(rid)
+            running[j] = rid
+        dt = time.perf_counter() - t0
+    finally:
+        gc.enable()
+    lb.check_invariants()
+    return decisions / dt
+
+
+async def lag_during_deactivation(
+    in_flight: int = 10_000, n_standalone: int = 8, n_hybrid: int = 8, *, freeze_gc: bool = True
+) -> tuple[float, float, int]:
+    """(largest loop lag in s, deactivation time in s, requests moved) under ``in_flight`` load.
+
+    With ``freeze_gc`` the objects of the load (10,000 tasks and their requests) are moved to
+    the permanent GC generation once built (``gc.freeze()``, what a latency-sensitive asyncio
+    service does after start-up), so the figure measures dynres's own work; without it a full
+    collection of those objects, a pause of the interpreter unrelated to the controller, can
+    fall inside the window.
+    """
+    lat = {op: OP_LATENCY_S for op in ("abort", "sleep", "wake_up", "update_weights", "resume", "pause")}
+    kw = {"tokens_per_s": 20.0, "response_tokens": 1000, "log_generate": False}
+    standalone = [FakeReplica(f"s{i}", latency=lat, **kw) for i in range(n_standalone)]
+    hybrid = [FakeReplica(f"h{i}", "hybrid", latency=lat, **kw) for i in range(n_hybrid)]
+    engine = FakeTrainEngine(latency=OP_LATENCY_S)
+    lb = LoadBalancer(seed=3)
+    for r in standalone:
+        lb.add_replica(r)
+    ctl = _controller(lb, hybrid, engine)
+    await ctl.activate(WeightUpdate(1))
+    tasks = [
+        asyncio.create_task(lb.generate(GenerationRequest(f"q{i}", f"q{i}", range(8), 2000)))
+        for i in range(in_flight)
+    ]
+    while lb.total_in_flight < in_flight:
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.2)
+    moved = sum(lb.in_flight(h.replica_id) for h in hybrid)
+
+    lags: list[float] = []
+    stop = False
+
+    async def monitor() -> None:
+        period = 0.001
+        while not stop:
+            t = time.perf_counter()
+            await asyncio.sleep(period)
+            lags.append(time.perf_counter() - t - period)
+
+    mon = asyncio.create_task(monitor())
+    if freeze_gc:
+        gc.collect()
+        gc.freeze()
+    await asyncio.sleep(0.05)
+    lags.clear()
+    t0 = time.perf_counter()
+    await ctl.deactivate()
+    dt = time.perf_counter() - t0
+    await asyncio.sleep(0.2)  # retries settle on the standalone replicas
+    stop = True
+    await mon
+    if freeze_gc:
+        gc.unfreeze()
+    assert lb.total_in_flight == in_flight, "a request was lost during deactivation"
+    lb.start_draining()  # first, so the aborts below end the requests instead of moving them
+    for r in standalone:
+        await r.abort(None)
+    await asyncio.gather(*tasks)
+    return max(lags), dt, moved
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=3, help="repetitions of the timing runs (median)")
+    args = parser.parse_args()
+    ok = True
+
+    def verdict(good: bool) -> str:
+        nonlocal ok
+        ok &= good
+        return "PASS" if good else "FAIL"
+
+    print("dynres runtime benchmark")
+    print(f"Python {sys.version.split()[0]}, fake replica ops take {OP_LATENCY_S * 1000:.0f} ms each")
+    print()
+    times = {n: statistics.median(asyncio.run(deactivation_time(n)) for _ in range(args.repeat)) for n in (1, 8, 64)}
+    for n, t in times.items():
+        print(f"deactivation, {n:>2} hybrid replicas: {t * 1000:7.1f} ms")
+    ratio = times[64] / times[1]
+    print(f"  64 vs 1 replica: {ratio:.3f}x   target <= 1.2x   {verdict(ratio <= 1.2)}")
+    print()
+    rate = statistics.median(routing_rate() for _ in range(args.repeat))
+    print(f"routing, 10,000 in flight on 64 replicas: {rate:,.0f} decisions/s   target >= 100,000/s   "
+          f"{verdict(rate >= 100_000)}")
+    print()
+    lag, dt, moved = asyncio.run(lag_during_deactivation())
+    print(f"deactivation under load (10,000 in flight, 8 standalone + 8 hybrid, {moved} requests moved): "
+          f"{dt * 1000:.1f} ms")
+    print(f"  largest event-loop lag: {lag * 1000:.2f} ms   target < 10 ms   {verdict(lag < 0.010)}")
+    raw_lag, _, _ = asyncio.run(lag_during_deactivation(freeze_gc=False))
+    print(f"  (for information: {raw_lag * 1000:.2f} ms without gc.freeze(), where a full garbage "
+          "collection of the 10,000 requests' objects may land in the window)")
+    print()
+    print("ALL PASS" if ok else "SOME TARGETS MISSED")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
