@@ -377,3 +377,26 @@ def test_metrics_hook_fires_once_per_cycle() -> None:
 
     run(scripted(), cycles=3, observer=Metrics())
     assert steps == [1, 2, 3]
+
+
+def test_a_policy_that_keeps_hanging_is_no_longer_called() -> None:
+    calls: list[int] = []
+
+    def hang() -> bool:
+        calls.append(1)
+        time.sleep(1.5)
+        return True
+
+    pol = scripted(activate=hang, update=lambda: hang() and None)
+    report, _ = run(pol, cycles=3, policy_timeout_s=0.05)
+    assert len(report.cycles) == 3
+    decisions = [*report.startup_decisions, *(d for c in report.cycles for d in c.decisions)]
+    assert all(d.fallback for d in decisions)
+    assert any(d.reason.startswith("not called") for d in decisions)
+    assert len(calls) == 4  # the breaker stops at max_stuck_calls threads
+
+
+def test_hybrid_generation_time_counts_in_the_hybrid_rollout_fraction() -> None:
+    report, _ = run(scripted(deactivate=False), cycles=2)
+    for c in report.cycles:
+        assert c.wait_for_enough_samples_s == pytest.approx(c.step_wait_times[0])

@@ -22,7 +22,9 @@ cluster "stay standalone-only" would leave nothing to generate, so the activatio
 there is ``True`` (see :meth:`DecisionGuard.decide`).
 
 A timed-out call keeps running in its daemon thread (Python cannot kill a thread); it holds no
-lock of ours and its answer is ignored.
+lock of ours and its answer is ignored. While ``max_stuck_calls`` such calls are still running,
+the policy is not called at all (each decision falls back at once), so a policy that hangs for
+good does not pile up threads.
 """
 
 from __future__ import annotations
@@ -156,8 +158,11 @@ class DecisionGuard:
         """Every decision, in order."""
         self.wall_s = 0.0
         """Real time spent in decisions (seconds; profiling)."""
+        self.max_stuck_calls = 4
+        """Timed-out calls still running after which the policy is not called any more (count)."""
         self._now = now
         self._executor = _DaemonThreadExecutor()
+        self._stuck: list[asyncio.Future[Any]] = []
 
     @property
     def pm(self) -> pluggy.PluginManager:
@@ -179,13 +184,23 @@ class DecisionGuard:
         t0 = wall()
         raw: Any = None
         reason = ""
+        self._stuck = [f for f in self._stuck if not f.done()]
         try:
-            raw = await asyncio.wait_for(
-                loop.run_in_executor(self._executor, self.policy.decision, method, ctx),
-                self.timeout_s,
-            )
+            if len(self._stuck) >= self.max_stuck_calls:
+                # Circuit breaker: a policy that keeps hanging would otherwise leave one more
+                # thread behind at every decision.
+                raise _Stuck(f"{len(self._stuck)} earlier calls are still running")
+            fut = loop.run_in_executor(self._executor, self.policy.decision, method, ctx)
+            try:
+                raw = await asyncio.wait_for(asyncio.shield(fut), self.timeout_s)
+            except TimeoutError:
+                self._stuck.append(fut)
+                raise
             reason = check_answer(method, raw)
             raw_text = _short_repr(raw)
+        except _Stuck as exc:
+            reason = f"not called: {exc}"
+            raw_text = "<not called>"
         except TimeoutError:
             reason = f"no answer within {self.timeout_s:g} s"
             raw_text = "<timeout>"
@@ -244,6 +259,10 @@ class DecisionGuard:
             )
         except Exception:
             logger.exception("a dynres_decision_made observer failed; ignored")
+
+
+class _Stuck(Exception):
+    """Internal: too many earlier policy calls never returned."""
 
 
 def _short_repr(v: Any, limit: int = 80) -> str:

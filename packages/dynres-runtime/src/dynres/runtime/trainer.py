@@ -242,9 +242,14 @@ class TrainerLoop:
             wait_samples.append(max(0, required - self.queue.size))
             tw = self._now()
             batch = await self._wait_batch()
-            wait_times.append(self._now() - tw)
+            waited = self._now() - tw
+            wait_times.append(waited)
+            hybrid_wait = 0.0
             if self.controller.is_hybrid_active:
-                # The policy kept the hybrid replicas generating, but training needs the GPUs.
+                # The policy kept the hybrid replicas generating (or nothing else could), but
+                # training needs the GPUs. The hybrid replicas generated during this wait, so
+                # it counts as hybrid rollout time (the x of resource_utilization).
+                hybrid_wait = waited
                 await self.controller.deactivate()
                 deactivate_s = self.controller.last_deactivate_duration_s
             ts = self._now()
@@ -273,7 +278,7 @@ class TrainerLoop:
                 MicroStep(
                     phase_times=dict(result.phase_times),
                     allocated_s=alloc,
-                    wait_s=wait_s if i == 0 else 0.0,
+                    wait_s=(wait_s if i == 0 else 0.0) + hybrid_wait,
                     step_s=alloc,
                     queue_size_after=queue_after,
                 )
@@ -299,7 +304,7 @@ class TrainerLoop:
             rebalanced=rebalanced,
             rebalanced_requests=moved,
             deactivate_wait_samples=wait_target,
-            wait_for_enough_samples_s=wait_s,
+            wait_for_enough_samples_s=sum(m.wait_s for m in micro),
             step_wait_times=wait_times,
             step_wait_samples=wait_samples,
             samples_generated=self.rollouter.generated - generated_before,
