@@ -103,11 +103,11 @@ class RunSpec:
     sticky_capacity: int = 100_000
     """Most sticky-session entries the balancer keeps (count)."""
     max_staleness_versions: int | None = None
-    """Drop samples lagging the trainer by more weight versions (count); None: 1 + ceil(staleness_threshold)."""
+    """Drop samples lagging the trainer by more weight versions (count); None: 1 + ceil(staleness)."""
     hybrid_gpus: int | None = None
-    """GPUs shared by trainer and hybrid replicas for the utilization metric (count); None: trainer GPUs of the config."""
+    """GPUs shared by trainer and hybrid replicas, the metric's a (count); None: config trainer GPUs."""
     standalone_gpus: int | None = None
-    """GPUs of the standalone replicas for the metric (count); None: rollout GPUs of the config."""
+    """GPUs of the standalone replicas, the metric's b (count); None: config rollout GPUs."""
     keep_checkpoint: bool = False
     """Put the end-of-run checkpoint (queue, partial samples, policy state) in the report."""
     resume_from: Mapping[str, Any] | None = None

@@ -122,7 +122,10 @@ class TrainerLoop:
             # No replica is routable and the hybrid replicas are asleep (standalone replicas
             # died, or stale drops emptied an only-hybrid cycle): lend the trainer's GPUs.
             if not self.controller.usable_hybrid or self.last_update is None:
-                raise StopRun("no replica can generate: every standalone replica failed and no hybrid replica is usable")
+                raise StopRun(
+                    "no replica can generate: every standalone replica failed and no hybrid "
+                    "replica is usable"
+                )
             logger.warning("no replica can generate the next collection; activating hybrid replicas")
             if not await self.controller.activate(self.last_update):
                 raise StopRun("no replica can generate: activating the hybrid replicas failed")
@@ -144,7 +147,9 @@ class TrainerLoop:
         self.last_update = update
         return update
 
-    async def _after_sync(self, update: WeightUpdate, decisions: list[DecisionRecord]) -> tuple[bool, bool, int]:
+    async def _after_sync(
+        self, update: WeightUpdate, decisions: list[DecisionRecord]
+    ) -> tuple[bool, bool, int]:
         """Steps 4-5: activation, rebalance, policy update; return (activated, rebalanced, moved)."""
         ctx = self.tracker.context()
         only_hybrid = self.only_hybrid
@@ -219,8 +224,9 @@ class TrainerLoop:
                 decisions.append(wrec)
                 wait_target = int(wrec.value)
                 t0 = self._now()
+                target = wait_target
                 await self.queue.wait_until(
-                    lambda: self.queue.size >= wait_target or self.rollouter.finished()  # type: ignore[operator]
+                    lambda: self.queue.size >= target or self.rollouter.finished()
                 )
                 wait_s = self._now() - t0
                 await self.controller.deactivate()
@@ -253,7 +259,9 @@ class TrainerLoop:
                 await self.controller.deactivate()
                 deactivate_s = self.controller.last_deactivate_duration_s
             ts = self._now()
-            result = await self.ops.one("train_step", "trainer", lambda b=batch: self.train_engine.train_step(b))
+            result = await self.ops.one(
+                "train_step", "trainer", lambda b=batch: self.train_engine.train_step(b)
+            )
             train_call_s += self._now() - ts
             train_metrics = dict(result.metrics)
             queue_after = self.queue.size
