@@ -132,6 +132,7 @@ def test_deactivation_order_cut_abort_drain_sleep_onload() -> None:
         assert c.ctl.state is ControllerState.STANDALONE_ONLY
         assert c.lb.replica_ids == ["s0"]
         assert c.ctl.last_deactivate_duration_s > 0
+        assert not c.standalone[0].ops("abort")  # unlike the reference: standalone work is kept
         results = await asyncio.gather(*tasks)
         # every request finished exactly once, the aborted ones on the standalone replica with
         # the output they had on the hybrid replicas

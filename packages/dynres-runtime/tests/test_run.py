@@ -213,3 +213,13 @@ def test_runs_on_a_virtual_time_loop_deterministically() -> None:
     assert strip(a) == strip(b)
     assert a.end_to_end_s == b.end_to_end_s > 0
     assert a.operations.deactivations > 0  # the switches really happened in virtual time
+
+
+def test_checkpoint_during_a_run_is_json() -> None:
+    snapshots: list[str] = []
+    cl = FakeCluster(2, 1)
+    r = FullyAsyncRun(spec(cl, num_cycles=2))
+    r.spec.progress = lambda c: snapshots.append(json.dumps(r.checkpoint()))
+    asyncio.run(r.run())
+    assert len(snapshots) == 2
+    assert json.loads(snapshots[1])["global_steps"] == 2
