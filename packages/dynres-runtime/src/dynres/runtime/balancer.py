@@ -410,9 +410,12 @@ class LoadBalancer:
                 f"evict({replica_id!r}): remove the replica from routing before evicting its requests"
             )
         n = 0
+        # The caller may be one of the attempts on this replica (a generate that just failed and
+        # reports the failure): it retries on its own, and cancelling it would lose its sample.
+        current = asyncio.current_task()
         for req in list(self._by_replica.get(replica_id, ())):
             task = self._tasks.get(req)
-            if task is not None and req not in self._evicting:
+            if task is not None and task is not current and req not in self._evicting:
                 self._evicting.add(req)
                 task.cancel()
                 n += 1
