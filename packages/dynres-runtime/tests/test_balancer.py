@@ -325,3 +325,21 @@ def test_retries_are_spread_over_loop_iterations_without_loss() -> None:
         assert lb.counters.resumed == 20
 
     asyncio.run(main())
+
+
+def test_a_failing_request_reporting_its_replica_is_not_cancelled_by_the_eviction() -> None:
+    async def main() -> None:
+        a = FakeReplica("a", tokens_per_s=1000, response_tokens=100, die_after_s=0.02)
+        b = FakeReplica("b", tokens_per_s=1000, response_tokens=100)
+        lb = LoadBalancer()
+        # what the controller does on a failure: quarantine = remove (already done) + evict
+        lb._on_replica_failure = lambda rid, exc: lb.evict(rid)
+        lb.add_replica(a)
+        tasks = [asyncio.create_task(lb.generate(req(i))) for i in range(3)]
+        await asyncio.sleep(0.005)
+        lb.add_replica(b)
+        results = await asyncio.gather(*tasks)
+        assert {r.replica_id for r in results} == {"b"}
+        assert all(list(r.token_ids) == list(range(100)) for r in results)
+
+    asyncio.run(main())

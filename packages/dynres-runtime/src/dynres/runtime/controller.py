@@ -184,7 +184,7 @@ class Controller:
 
     def on_replica_failure(self, replica_id: str, exc: BaseException) -> None:
         """Balancer callback: a replica raised during generation (already out of routing)."""
-        self.ops._fail("generate", replica_id, f"{type(exc).__name__}: {exc}", timeout=False)
+        self.ops.record_failure("generate", replica_id, f"{type(exc).__name__}: {exc}", timeout=False)
         self.quarantine(replica_id, f"generate failed: {exc}")
 
     # ---- Transitions ---------------------------------------------------------------------

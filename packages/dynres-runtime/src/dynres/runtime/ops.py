@@ -74,7 +74,7 @@ class OpRunner:
             return await asyncio.wait_for(call(), self.timeout_s)
         except TimeoutError:
             stat.failures += 1
-            self._fail(op, target, f"no answer within {self.timeout_s:g} s", timeout=True)
+            self.record_failure(op, target, f"no answer within {self.timeout_s:g} s", timeout=True)
             raise BackendTimeoutError(
                 f"{op} on {target} did not finish within {self.timeout_s:g} s; check the engine "
                 "or raise RunSpec.op_timeout_s"
@@ -83,7 +83,7 @@ class OpRunner:
             raise
         except Exception as exc:
             stat.failures += 1
-            self._fail(op, target, f"{type(exc).__name__}: {exc}", timeout=False)
+            self.record_failure(op, target, f"{type(exc).__name__}: {exc}", timeout=False)
             if isinstance(exc, BackendError):
                 raise
             raise BackendError(f"{op} on {target} failed: {type(exc).__name__}: {exc}") from exc
@@ -112,6 +112,7 @@ class OpRunner:
             (bad if isinstance(r, BaseException) else ok).append(t)
         return ok, bad
 
-    def _fail(self, op: str, target: str, error: str, *, timeout: bool) -> None:
+    def record_failure(self, op: str, target: str, error: str, *, timeout: bool) -> None:
+        """Log and record a failed operation (also used for failures noticed elsewhere)."""
         logger.warning("%s on %s failed: %s; continuing without it", op, target, error)
         self.failures.append(OpFailure(self.now(), op, target, error, timeout))

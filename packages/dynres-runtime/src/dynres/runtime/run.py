@@ -303,9 +303,9 @@ class FullyAsyncRun:
                     logger.warning("run stopped after %d cycles: %s", len(cycles), stopped_early)
                     break
                 cycles.append(report)
+                end_to_end = report.end_s
                 if spec.progress is not None:
                     await maybe_await(spec.progress(report))
-            end_to_end = self.clock.elapsed()
         finally:
             await self._teardown(roll_task)
         return self._report(end_to_end, cycles, startup, stopped_early)
