@@ -29,3 +29,24 @@ def is_actor_lost(exc: BaseException) -> bool:
     ray = require_ray()
     lost = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)
     return isinstance(exc, lost)
+
+
+LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+"""Ray setting that, when "0", makes a node advertise 127.0.0.1 instead of the machine's IP."""
+
+
+def use_loopback() -> None:
+    """Make Ray nodes started from this process (and their children) bind to 127.0.0.1.
+
+    For a local Ray (one machine, or a test ``Cluster`` on it) nothing has to be reachable from
+    elsewhere, so the loopback address keeps every byte on the machine. Ray reads this setting
+    as a module constant when it picks a node's IP, so the constant is updated as well when Ray
+    is already imported. Never used when joining an existing cluster by address.
+    """
+    import os
+    import sys
+
+    os.environ[LOOPBACK_ENV] = "0"
+    constants = sys.modules.get("ray._private.ray_constants")
+    if constants is not None:
+        constants.ENABLE_RAY_CLUSTER = False

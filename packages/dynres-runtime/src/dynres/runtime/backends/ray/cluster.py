@@ -29,7 +29,7 @@ from pydantic import Field, field_validator, model_validator
 from dynres.core.config import DynresConfig, StrictModel
 from dynres.core.errors import BackendError, BackendTimeoutError
 from dynres.runtime.backends.protocols import ReplicaKind
-from dynres.runtime.backends.ray._ray import remote_class, require_ray
+from dynres.runtime.backends.ray._ray import remote_class, require_ray, use_loopback
 from dynres.runtime.backends.ray.actors import ActorInfo, ReplicaActor, TrainEngineActor
 from dynres.runtime.backends.ray.factory import Factory
 from dynres.runtime.backends.ray.proxies import RayReplica, RayTrainEngine
@@ -158,6 +158,8 @@ class RayCluster:
         if cfg.env_vars:
             kwargs["runtime_env"] = {"env_vars": dict(cfg.env_vars)}
         if cfg.address is None:
+            # A local Ray serves this process only: keep it on 127.0.0.1.
+            use_loopback()
             kwargs["num_cpus"] = cfg.num_cpus
             if cfg.temp_dir:
                 kwargs["_temp_dir"] = cfg.temp_dir
@@ -287,13 +289,13 @@ class RayCluster:
     def spawn(self, cls: type, *args: Any, node_id: str | None = None, **options: Any) -> Any:
         """Start an extra actor of ``cls`` (e.g. the coordinator), pinned to ``node_id`` when given.
 
-        Node affinity is soft: if that node is gone Ray places the actor anywhere rather than
-        failing the run.
+        The affinity is hard: Ray's soft affinity lets a zero-resource actor drift to any node,
+        and the node asked for here is the driver's, which is alive as long as the run is.
         """
         if node_id is not None:
             from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=node_id, soft=True)
+            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
         options.setdefault("num_cpus", 0)
         options.setdefault("max_concurrency", 10_000)
         handle = remote_class(cls).options(**options).remote(*args)

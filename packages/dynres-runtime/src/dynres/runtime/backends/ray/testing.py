@@ -13,7 +13,7 @@ import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from dynres.runtime.backends.ray._ray import require_ray
+from dynres.runtime.backends.ray._ray import require_ray, use_loopback
 
 FAST_FAILURE_DETECTION: dict[str, Any] = {
     "health_check_initial_delay_ms": 0,
@@ -27,6 +27,8 @@ def _quiet_env() -> None:
     # Test clusters have no dashboard and no token: say so before Ray reads the environment.
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    # Every node of a test session binds to 127.0.0.1: its traffic never leaves the machine.
+    use_loopback()
 
 
 @contextlib.contextmanager
@@ -36,7 +38,9 @@ def local_ray(num_cpus: int = 2, **init_kwargs: Any) -> Iterator[str]:
     ray = require_ray()
     tmp = tempfile.mkdtemp(prefix="dynres-ray-", dir="/tmp")
     try:
-        ray.init(num_cpus=num_cpus, include_dashboard=False, _temp_dir=tmp, **init_kwargs)
+        ray.init(
+            num_cpus=num_cpus, include_dashboard=False, _temp_dir=tmp, **init_kwargs
+        )
         yield tmp
     finally:
         ray.shutdown()
