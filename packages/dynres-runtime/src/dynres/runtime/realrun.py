@@ -81,14 +81,27 @@ class EnginesSection(StrictModel):
     )
 
 
+def _tiny_spec_model() -> type[StrictModel]:
+    """A strict pydantic model of TinyModelSpec's fields (so `model.tiny` typos are caught)."""
+    from dynres.runtime.backends.tiny_model import TinyModelSpec
+
+    hints = typing.get_type_hints(TinyModelSpec)
+    fields = {f.name: (hints[f.name], f.default) for f in dataclasses.fields(TinyModelSpec)}
+    return create_model("TinyModelSection", __base__=StrictModel, **fields)  # type: ignore[call-overload]
+
+
+TinyModelSection = _tiny_spec_model()
+"""The ``model.tiny`` section: TinyModelSpec's fields (vocab_size, hidden_size, ...), strict."""
+
+
 class ModelSection(StrictModel):
     """The ``model`` section: a checkpoint directory, or a random tiny Qwen2 built at run time."""
 
     path: str | None = Field(
         None, description="HF-layout model directory visible on every node; null builds a tiny random Qwen2."
     )
-    tiny: dict[str, Any] = Field(
-        default_factory=dict, description="TinyModelSpec fields of the random model (vocab_size, hidden_size, ...)."
+    tiny: TinyModelSection = Field(  # type: ignore[valid-type]
+        default_factory=TinyModelSection, description="Shape of the random model (TinyModelSpec fields)."
     )
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="dtype of the tiny model.")
 
@@ -102,15 +115,6 @@ class TaskSection(StrictModel):
     temperature: float = Field(1.0, ge=0.0, description="Sampling temperature (0 = greedy).")
 
 
-def _tiny_spec_model() -> type[StrictModel]:
-    """A strict pydantic model of TinyModelSpec's fields (so `model.tiny` typos are caught)."""
-    from dynres.runtime.backends.tiny_model import TinyModelSpec
-
-    hints = typing.get_type_hints(TinyModelSpec)
-    fields = {f.name: (hints[f.name], f.default) for f in dataclasses.fields(TinyModelSpec)}
-    return create_model("model.tiny", __base__=StrictModel, **fields)  # type: ignore[call-overload]
-
-
 class RunConfig(DynresConfig):
     """A ``dynres run`` file: the DynresConfig sections plus run, cluster, engines, model, task."""
 
@@ -122,11 +126,8 @@ class RunConfig(DynresConfig):
 
     @model_validator(mode="after")
     def _run_checks(self) -> RunConfig:
-        if self.model.tiny:
-            if self.model.path is not None:
-                raise ValueError("model.tiny shapes a random model, but model.path names a checkpoint; drop one")
-            # Validate here, once, so a typo fails before anything starts.
-            _tiny_spec_model().model_validate(self.model.tiny)
+        if self.model.tiny.model_fields_set and self.model.path is not None:
+            raise ValueError("model.tiny shapes a random model, but model.path names a checkpoint; drop one")
         spec = self.tiny_spec()
         if self.model.path is None and self.task.prompt_length + self.task.max_tokens > spec.max_position_embeddings:
             raise ValueError(
@@ -140,7 +141,7 @@ class RunConfig(DynresConfig):
         """The TinyModelSpec of the random model (defaults + ``model.tiny``)."""
         from dynres.runtime.backends.tiny_model import TinyModelSpec
 
-        return TinyModelSpec(**self.model.tiny)
+        return TinyModelSpec(**self.model.tiny.model_dump())
 
     def dynres_config(self) -> DynresConfig:
         """The plain DynresConfig part (what the runtime reads)."""
@@ -168,6 +169,15 @@ def load_run_config(source: str | Path | Mapping[str, Any], overrides: Mapping[s
                 raise ConfigError(f"{name}: cannot set {dotted!r}: {p!r} is not a section")
         node[leaf] = value
     return validate_model(RunConfig, data, name)
+
+
+def load_run_policy(cfg: RunConfig) -> Any:
+    """Build the configured policy with its params (validates name and params before a run starts)."""
+    from dynres.core.loading import load_policy, resolve_policy_class
+
+    at = cfg.async_training
+    cls = resolve_policy_class(at.dynamic_schedule_policy)
+    return load_policy(cls, policy_params_from_config(at, cls.Params))
 
 
 # ---- Engine builders (called inside the actors, or in-process with runtime: local) ------------
@@ -283,13 +293,10 @@ def build_spec(
     progress: Callable[[Any], Any] | None, config: Mapping[str, Any],
 ) -> Any:
     """The RunSpec of a run file (``config`` is RunConfig data); runs where the loop will run."""
-    from dynres.core.loading import load_policy, resolve_policy_class
     from dynres.runtime.run import RunSpec
 
     cfg = validate_model(RunConfig, config, "config")
-    at = cfg.async_training
-    cls = resolve_policy_class(at.dynamic_schedule_policy)
-    policy = load_policy(cls, policy_params_from_config(at, cls.Params))
+    policy = load_run_policy(cfg)
     tap = TrainTap(train_engine)
 
     def on_cycle(cycle: Any) -> Any:
@@ -475,6 +482,7 @@ async def _run_ray(
     s_f, h_f, t_f = _factories(cfg, model_path)
     dyn = cfg.dynres_config()
     coordinator = None
+    run_fut: asyncio.Future[Any] | None = None
     try:
         system = await cluster.start(dyn, standalone=s_f, hybrid=h_f, trainer=t_f)
         backend["engines_start_s"] = round(system.start_s, 3)
@@ -489,6 +497,8 @@ async def _run_ray(
             CoordinatorActor, cfg.cluster.lag_interval_s, node_id=driver_node_id(), name="dynres-coordinator"
         )
         build = Factory("dynres.runtime.realrun:build_spec", {"config": cfg.model_dump()})
+        # Engine start-up (imports, model loading) is not the run: measure the loops from here.
+        await asyncio.gather(*(p.loop_lag(reset=True) for p in [*system.replicas, system.trainer]))
         run_fut = asyncio.ensure_future(
             _await(coordinator.run.remote(build, system.standalone, system.hybrid, system.trainer))
         )
@@ -512,14 +522,18 @@ async def _run_ray(
         # Ctrl-C: the coordinator's teardown aborts in-flight requests and deactivates hybrids.
         if coordinator is not None:
             try:
-                stopped = await asyncio.wait_for(coordinator.stop.remote(cfg.cluster.shutdown_timeout_s),
-                                                 cfg.cluster.shutdown_timeout_s + 5)
-                backend["stopped_cleanly"] = bool(stopped)
+                backend["stop"] = await asyncio.wait_for(
+                    coordinator.stop.remote(cfg.cluster.shutdown_timeout_s), cfg.cluster.shutdown_timeout_s + 5
+                )
                 for cycle in await coordinator.events.remote(sink.count):
                     sink(cycle)
             except Exception as exc:  # noqa: BLE001 - best effort on the way out
-                backend["stopped_cleanly"] = False
+                backend["stop"] = {"stopped": False, "error": f"{type(exc).__name__}: {exc}"}
                 logger.warning("coordinator did not stop cleanly: %s", exc)
+        if run_fut is not None:
+            # The remote run ends with TaskCancelledError now; collect it so nothing is logged.
+            run_fut.cancel()
+            await asyncio.gather(run_fut, return_exceptions=True)
         raise
     finally:
         backend["lost"] = {
@@ -557,6 +571,7 @@ def execute(
     Raises KeyboardInterrupt after a clean teardown when interrupted; DynresError on a bad
     config or a failing backend.
     """
+    load_run_policy(cfg)  # a bad policy name or params fails here, before anything starts
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model_path = prepare_model(cfg, out)
@@ -610,6 +625,7 @@ __all__ = [
     "cycle_record",
     "execute",
     "load_run_config",
+    "load_run_policy",
     "operations_lines",
     "prompt_groups",
 ]

@@ -56,7 +56,7 @@ def command(
     """Run fully-async training from CONFIG (engines, cluster, model, policy, steps) and report."""
     from rich.console import Console
 
-    from dynres.runtime.realrun import execute, load_run_config, operations_lines, reward_key
+    from dynres.runtime.realrun import execute, load_run_config, load_run_policy, operations_lines, reward_key
 
     level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
@@ -68,8 +68,9 @@ def command(
     if address is not None:
         overrides["cluster.address"] = address
     cfg = load_run_config(config, overrides)
+    load_run_policy(cfg)
     out = Path(out_dir) if out_dir else Path("dynres-runs") / Path(config).stem
-    err = Console(stderr=True, highlight=False)
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
     total = cfg.run.steps
     err.print(
         f"dynres run: {total} cycles, policy {cfg.async_training.dynamic_schedule_policy} "

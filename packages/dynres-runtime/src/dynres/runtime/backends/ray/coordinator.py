@@ -73,14 +73,22 @@ class CoordinatorActor:
             out["consumed"] = run.queue.consumed
         return out
 
-    async def stop(self, timeout_s: float = 60.0) -> bool:
-        """Cancel the run: in-flight requests are aborted by the run's teardown; True if it ended in time."""
+    async def stop(self, timeout_s: float = 60.0) -> dict[str, Any]:
+        """Cancel the run; its teardown aborts every in-flight request. Returns what was left.
+
+        ``stopped``: the run ended within ``timeout_s``; ``in_flight``: requests still running on
+        a replica afterwards (0 after a clean stop); ``aborts``: abort calls made by the run.
+        """
         task = self._task
-        if task is None or task.done():
-            return True
-        task.cancel()
-        done, _ = await asyncio.wait({task}, timeout=timeout_s)
-        return bool(done)
+        stopped = True
+        if task is not None and not task.done():
+            task.cancel()
+            done, _ = await asyncio.wait({task}, timeout=timeout_s)
+            stopped = bool(done)
+        run = self._run
+        in_flight = run.balancer.total_in_flight if run is not None and run.balancer is not None else 0
+        aborts = run.ops.stats["abort"].count if run is not None and run.ops and "abort" in run.ops.stats else 0
+        return {"stopped": stopped, "in_flight": in_flight, "aborts": aborts}
 
     async def loop_lag(self, reset: bool = False) -> LoopLag:
         """Worst event-loop gap of this actor since the last reset."""

@@ -1,0 +1,177 @@
+"""``dynres run``: config errors are one line + exit 2, a fake run writes its files, Ctrl-C is clean."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from dynres.core.errors import ConfigError
+from dynres.core.metrics import METRIC_KEYS
+from dynres.runtime.cli import main
+from dynres.runtime.realrun import load_run_config
+
+FAKE = {
+    "run": {"steps": 3, "seed": 0},
+    "cluster": {"num_cpus": 2, "slot": {"CPU": 0.1}},
+    "engines": {
+        "runtime": "local",
+        "rollout": "fake",
+        "trainer": "fake",
+        "rollout_options": {"tokens_per_s": 400.0, "response_tokens": 16, "latency": {"sleep": 0.02, "wake_up": 0.02}},
+        "trainer_options": {"phase_times": {"update_actor": 0.1}, "latency": {"offload": 0.01, "onload": 0.01}},
+    },
+    "async_training": {
+        "use_dynamic_resource_scheduling": True,
+        "trigger_parameter_sync_step": 2,
+        "concurrent_samples_per_replica": 4,
+    },
+    "actor_rollout_ref": {"actor": {"ppo_mini_batch_size": 4}, "rollout": {"n": 2}},
+    "rollout": {"nnodes": 1, "n_gpus_per_node": 1},
+    "trainer": {"nnodes": 1, "n_gpus_per_node": 1},
+}
+
+
+def _write(tmp_path: Path, data: dict, name: str = "run.yaml") -> Path:
+    p = tmp_path / name
+    p.write_text(yaml.safe_dump(data))
+    return p
+
+
+def _invoke(*args: str):
+    return CliRunner().invoke(main, ["run", *args])
+
+
+def _one_error_line(result) -> str:
+    assert result.exit_code == 2, result.output
+    lines = [ln for ln in result.output.splitlines() if ln.strip()]
+    assert len(lines) == 1, result.output
+    assert lines[0].startswith("dynres: error: ")
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        ({"engines": {"rolout": "fake"}}, "unknown key 'engines.rolout' (did you mean 'rollout'?)"),
+        ({"async_training": {"staleness_treshold": 0.1}}, "did you mean 'staleness_threshold'"),
+        ({"cluster": {"adress": "auto"}}, "did you mean 'address'"),
+        ({"model": {"tiny": {"hiden_size": 32}}}, "did you mean 'hidden_size'"),
+        ({"engines": {"rollout": "tgi"}}, "engines.rollout"),
+        ({"run": {"steps": 0}}, "run.steps"),
+        ({"task": {"max_tokens": 600}}, "max_position_embeddings"),
+    ],
+)
+def test_config_errors_are_one_line_exit_2(tmp_path, change, expected):
+    data = json.loads(json.dumps(FAKE))
+    for section, values in change.items():
+        data.setdefault(section, {}).update(values)
+    line = _one_error_line(_invoke(str(_write(tmp_path, data)), "--out", str(tmp_path / "out")))
+    assert expected in line
+
+
+def test_missing_steps_unknown_policy_bad_yaml_and_bad_set(tmp_path):
+    data = json.loads(json.dumps(FAKE))
+    del data["run"]
+    assert "missing key 'run'" in _one_error_line(_invoke(str(_write(tmp_path, data))))
+    line = _one_error_line(_invoke(str(_write(tmp_path, FAKE)), "--policy", "defualt", "--out", str(tmp_path / "o")))
+    assert "unknown policy 'defualt'" in line and "did you mean 'default'" in line
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("run: {steps: 2\n")
+    assert "invalid YAML" in _one_error_line(_invoke(str(bad)))
+    assert "file not found" in _one_error_line(_invoke(str(tmp_path / "nope.yaml")))
+    assert "section.key=value" in _one_error_line(_invoke(str(_write(tmp_path, FAKE)), "--set", "oops"))
+
+
+def test_overrides_are_dotted_and_typed():
+    cfg = load_run_config(FAKE, {"run.steps": 7, "async_training.dynamic_schedule_policy": "static_fully_async"})
+    assert cfg.run.steps == 7 and cfg.async_training.dynamic_schedule_policy == "static_fully_async"
+    assert cfg.dynres_config().num_hybrid_replicas == 1
+    with pytest.raises(ConfigError, match="not a section"):
+        load_run_config(FAKE, {"run.steps.x": 1})
+
+
+def test_fake_run_writes_metrics_report_and_plots(tmp_path):
+    out = tmp_path / "out"
+    result = _invoke(str(_write(tmp_path, FAKE)), "--out", str(out), "--no-progress")
+    assert result.exit_code == 0, result.output
+    assert "controller overhead" in result.output and "engine sleep" in result.output
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2, 3]
+    for r in records:
+        assert set(METRIC_KEYS) <= set(r)
+    report = json.loads((out / "report.json").read_text())
+    assert len(report["cycles"]) == 3 and report["policy"] == "default"
+    assert sorted(p.name for p in (out / "plots").iterdir())
+    s = report["samples"]
+    assert s["generated"] == s["consumed"] + s["dropped_stale"] + s["queued_at_end"]
+
+
+def _session_processes(marker: str) -> list[int]:
+    """Processes whose command line mentions ``marker`` (a Ray session's private temp dir)."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                if marker in Path(f"/proc/{pid}/cmdline").read_text(errors="replace"):
+                    found.append(int(pid))
+            except OSError:
+                continue
+    return found
+
+
+@pytest.mark.slow
+def test_ctrl_c_aborts_in_flight_work_and_stops_ray(tmp_path):
+    pytest.importorskip("ray")
+    data = json.loads(json.dumps(FAKE))
+    data["run"]["steps"] = 500
+    data["engines"]["runtime"] = "ray"
+    data["engines"]["rollout_options"]["tokens_per_s"] = 50.0
+    ray_tmp = tempfile.mkdtemp(prefix="dynres-ray-", dir="/tmp")
+    data["cluster"]["temp_dir"] = ray_tmp
+    out = tmp_path / "out"
+    cmd = [str(Path(sys.executable).parent / "dynres"), "run", str(_write(tmp_path, data)), "--out", str(out), "--no-plots"]
+    env = dict(os.environ, RAY_AUTH_MODE="disabled")
+    # A terminal's Ctrl-C signals the whole foreground process group: do the same.
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and proc.poll() is None:
+            metrics = out / "metrics.jsonl"
+            if metrics.exists() and len(metrics.read_text().splitlines()) >= 2:
+                break
+            time.sleep(0.2)
+        assert proc.poll() is None, proc.communicate()[0]
+        os.killpg(proc.pid, signal.SIGINT)
+        output, _ = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    try:
+        assert proc.returncode == 130, output
+        assert "interrupted; in-flight work aborted, engines shut down, Ray stopped" in output
+        assert "Traceback" not in output and "never retrieved" not in output, output
+        backend = json.loads((out / "backend.json").read_text())
+        assert backend["interrupted"] is True
+        assert backend["stop"]["stopped"] is True and backend["stop"]["in_flight"] == 0, backend
+        assert backend["shutdown_problems"] == []
+        assert len((out / "metrics.jsonl").read_text().splitlines()) >= 2
+        # Nothing of that Ray session survives (raylet, GCS, workers).
+        for _ in range(50):
+            if not _session_processes(ray_tmp):
+                break
+            time.sleep(0.2)
+        assert _session_processes(ray_tmp) == []
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
