@@ -135,6 +135,8 @@ class RayCluster:
         self.config = config or RayClusterConfig()
         self.started_ray = False
         """True when :meth:`connect` started a local Ray (so :meth:`disconnect` stops it)."""
+        self.connected = False
+        """True when :meth:`connect` called ``ray.init`` (so :meth:`disconnect` undoes it)."""
         self.system = RaySystem()
         self._extra_actors: list[Any] = []
 
@@ -146,7 +148,7 @@ class RayCluster:
         """
         ray = require_ray()
         if ray.is_initialized():
-            return
+            return  # the caller's session: disconnect() leaves it alone
         cfg = self.config
         kwargs: dict[str, Any] = {
             "namespace": cfg.namespace,
@@ -173,12 +175,14 @@ class RayCluster:
                 "start it with `ray start --head` or set cluster.address to null for a local Ray"
             ) from None
         self.started_ray = cfg.address is None
+        self.connected = True
 
     def disconnect(self) -> None:
-        """Disconnect from Ray; a local Ray started by :meth:`connect` is stopped with it."""
+        """Undo :meth:`connect`: a local Ray it started is stopped; a session it found is kept."""
         ray = require_ray()
-        if ray.is_initialized():
+        if self.connected and ray.is_initialized():
             ray.shutdown()
+        self.connected = False
 
     # -- placement and actors (async) ------------------------------------------------------------
     async def start(
