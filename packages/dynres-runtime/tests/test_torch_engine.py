@@ -175,7 +175,7 @@ def test_from_pretrained_with_config_fields_and_reward_path(tmp_path):
     assert eng.config.lr == 5e-4 and eng.config.seed == 3 and eng.reward_fn is parity_reward
     with pytest.raises(ConfigError, match="did you mean 'lr'"):
         TorchTrainEngine.from_pretrained(str(path), lrr=1.0)
-    with pytest.raises(ConfigError, match="module:function"):
+    with pytest.raises(ConfigError, match="not an import path"):
         TorchTrainEngine.from_pretrained(str(path), reward_fn="no_colon")
 
 

@@ -10,6 +10,7 @@ from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
 from dynres.core.errors import (
+    DynresError,
     DuplicatePolicyError,
     PolicyError,
     PolicyImportError,
@@ -99,6 +100,40 @@ def policy_entry(name: str) -> PolicyEntry:
     return entries[0]
 
 
+def import_object(
+    path: str,
+    *,
+    what: str = "object",
+    error: type[DynresError] = PolicyImportError,
+    hint: str = "check the path and that its distribution is installed",
+) -> Any:
+    """Import ``"package.module:attr.sub"`` and return the attribute; raise ``error`` naming the part that failed.
+
+    ``what`` names the thing in messages (e.g. ``"policy"``, ``"reward_fn"``); ``hint`` is the fix
+    suggested when the module does not import.
+    """
+    module_name, sep, attr = path.partition(":")
+    if not sep or not module_name or not attr:
+        raise error(f"{what} {path!r} is not an import path; write it as 'package.module:Name'")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # third-party import-time failures of any kind
+        raise error(
+            f"{what} {path!r}: module {module_name!r} failed to import: "
+            f"{type(exc).__name__}: {exc}; {hint}"
+        ) from exc
+    obj: Any = module
+    try:
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except AttributeError:
+        raise error(
+            f"{what} {path!r}: module {module_name!r} has no attribute {attr!r}"
+            f"{did_you_mean(attr, dir(module))}"
+        ) from None
+    return obj
+
+
 def resolve_policy_class(spec: str | type[Policy]) -> type[Policy]:
     """Return the Policy class for a registered name, a ``module:Class`` path, or a class."""
     if isinstance(spec, type):
@@ -108,23 +143,7 @@ def resolve_policy_class(spec: str | type[Policy]) -> type[Policy]:
     spec = spec.strip()
     if ":" not in spec:
         return policy_entry(spec).load()
-    module_name, _, attr = spec.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:
-        raise PolicyImportError(
-            f"policy {spec!r}: module {module_name!r} failed to import: "
-            f"{type(exc).__name__}: {exc}; check the path and that its distribution is installed"
-        ) from exc
-    obj: Any = module
-    try:
-        for part in attr.split("."):
-            obj = getattr(obj, part)
-    except AttributeError:
-        raise PolicyImportError(
-            f"policy {spec!r}: module {module_name!r} has no attribute {attr!r}"
-            f"{did_you_mean(attr, dir(module))}"
-        ) from None
+    obj = import_object(spec, what="policy", error=PolicyImportError)
     return validate_policy_class(obj, where=f"import path {spec!r}")
 
 

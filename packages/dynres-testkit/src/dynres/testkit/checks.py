@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import copy
 import gc
-import importlib
 import inspect
 import json
 import math
@@ -171,7 +170,7 @@ def _import_unvalidated(spec: str) -> object:
     # API defect of a class found by name or path.
     from importlib.metadata import EntryPoint
 
-    from dynres.core.loading import POLICIES_GROUP, policy_entry
+    from dynres.core.loading import POLICIES_GROUP, import_object, policy_entry
 
     if ":" not in spec:
         entry = policy_entry(spec)  # raises PolicyNotFoundError listing the installed names
@@ -182,23 +181,7 @@ def _import_unvalidated(spec: str) -> object:
                 f"policy {spec!r} from distribution {entry.distribution!r} ({entry.value}) "
                 f"failed to import: {_exc(exc)}; fix or reinstall {entry.distribution!r}"
             ) from exc
-    module_name, _, attr = spec.partition(":")
-    try:
-        obj: Any = importlib.import_module(module_name)
-    except Exception as exc:
-        raise PolicyImportError(
-            f"policy {spec!r}: module {module_name!r} failed to import: {_exc(exc)}; check the path"
-        ) from exc
-    module = obj
-    try:
-        for part in attr.split("."):
-            obj = getattr(obj, part)
-    except AttributeError:
-        raise PolicyImportError(
-            f"policy {spec!r}: module {module_name!r} has no attribute {attr!r}"
-            f"{did_you_mean(attr, dir(module))}"
-        ) from None
-    return obj
+    return import_object(spec, what="policy", error=PolicyImportError)
 
 
 def _subject(policy: PolicySpec | _Subject) -> _Subject:

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import importlib
 import math
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -37,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dynres.core.errors import BackendError, ConfigError, MissingExtraError, did_you_mean
+from dynres.core.loading import import_object
 from dynres.runtime.backends.protocols import OperationCosts, TrainStepResult, WeightUpdate
 from dynres.runtime.backends.weights import DEFAULT_BUCKET_BYTES, WeightBuckets, bucketize
 
@@ -58,14 +58,12 @@ def resolve_reward_fn(reward_fn: RewardFn | str | None) -> RewardFn | None:
     """Return ``reward_fn`` itself, or import it from a ``"module:function"`` string."""
     if reward_fn is None or callable(reward_fn):
         return reward_fn
-    module, _, attr = str(reward_fn).partition(":")
-    if not module or not attr:
-        raise ConfigError(f"reward_fn {reward_fn!r} must be a callable or 'module:function', "
-                          "e.g. 'dynres.runtime.backends.tiny_model:parity_reward'")
-    try:
-        fn = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"reward_fn {reward_fn!r} could not be imported: {exc}; check the module path") from exc
+    fn = import_object(
+        str(reward_fn),
+        what="reward_fn",
+        error=ConfigError,
+        hint="e.g. 'dynres.runtime.backends.tiny_model:parity_reward'",
+    )
     if not callable(fn):
         raise ConfigError(f"reward_fn {reward_fn!r} is not callable")
     return fn
