@@ -9,23 +9,23 @@ import pytest
 
 pytest.importorskip("ray")
 
-from dynres.core.config import load_config  # noqa: E402
-from dynres.core.errors import BackendError, ConfigError, MissingExtraError  # noqa: E402
-from dynres.runtime.backends.protocols import (  # noqa: E402
+from dynres.core.config import load_config
+from dynres.core.errors import BackendError, ConfigError, MissingExtraError
+from dynres.runtime.backends.protocols import (
     GenerationRequest,
     Replica,
     ReplicaKind,
     TrainEngine,
     WeightUpdate,
 )
-from dynres.runtime.backends.ray import (  # noqa: E402
+from dynres.runtime.backends.ray import (
     Factory,
     RayCluster,
     RayClusterConfig,
     RayReplica,
     RayTrainEngine,
 )
-from dynres.runtime.backends.ray.testing import local_ray  # noqa: E402
+from dynres.runtime.backends.ray.testing import local_ray
 
 DYN = load_config(
     {

@@ -15,12 +15,12 @@ import pytest
 
 pytest.importorskip("ray")
 
-from dynres.runtime.backends.ray import Factory, RayCluster, RayClusterConfig, RayReplica  # noqa: E402
-from dynres.runtime.backends.ray.cluster import driver_node_id  # noqa: E402
-from dynres.runtime.backends.ray.coordinator import CoordinatorActor  # noqa: E402
-from dynres.runtime.backends.ray.monitor import LoopLag  # noqa: E402
-from dynres.runtime.backends.ray.testing import local_ray  # noqa: E402
-from dynres.runtime.realrun import load_run_config  # noqa: E402
+from dynres.runtime.backends.ray import Factory, RayCluster, RayReplica
+from dynres.runtime.backends.ray.cluster import driver_node_id
+from dynres.runtime.backends.ray.coordinator import CoordinatorActor
+from dynres.runtime.backends.ray.monitor import LoopLag
+from dynres.runtime.backends.ray.testing import local_ray
+from dynres.runtime.realrun import load_run_config
 
 SLEEP_S = 0.5
 """How long a hybrid replica's sleep takes (seconds): what a blocking caller would freeze for."""

@@ -15,11 +15,11 @@ import pytest
 
 pytest.importorskip("ray")
 
-from dynres.runtime.backends.ray import Factory, RayCluster  # noqa: E402
-from dynres.runtime.backends.ray.cluster import driver_node_id  # noqa: E402
-from dynres.runtime.backends.ray.coordinator import CoordinatorActor  # noqa: E402
-from dynres.runtime.backends.ray.testing import multi_node_cluster  # noqa: E402
-from dynres.runtime.realrun import load_run_config  # noqa: E402
+from dynres.runtime.backends.ray import Factory, RayCluster
+from dynres.runtime.backends.ray.cluster import driver_node_id
+from dynres.runtime.backends.ray.coordinator import CoordinatorActor
+from dynres.runtime.backends.ray.testing import multi_node_cluster
+from dynres.runtime.realrun import load_run_config
 
 ROLLOUT = {"tokens_per_s": 40.0, "response_tokens": 24, "latency": {"sleep": 0.05, "wake_up": 0.05}}
 RUN = {

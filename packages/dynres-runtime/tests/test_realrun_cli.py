@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 import yaml
 from click.testing import CliRunner
-
 from dynres.core.errors import ConfigError
 from dynres.core.metrics import METRIC_KEYS
 from dynres.runtime.cli import main

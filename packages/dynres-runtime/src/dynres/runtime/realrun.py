@@ -30,12 +30,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, create_model, model_validator
-
 from dynres.core.config import DynresConfig, StrictModel, policy_params_from_config, read_yaml, validate_model
 from dynres.core.errors import ConfigError, DynresError
 from dynres.runtime.backends.protocols import ReplicaKind, TrainStepResult
 from dynres.runtime.backends.ray.cluster import RayClusterConfig
+from pydantic import Field, create_model, model_validator
 
 logger = logging.getLogger("dynres.runtime.realrun")
 
@@ -376,9 +375,11 @@ def operations_lines(report: Any) -> list[str]:
     """Human summary: dynres's own overhead next to each engine operation's time (seconds)."""
     ops = report.operations
     lines = [
-        f"controller overhead {ops.controller_overhead_s:.3f} s over {ops.activations} activations, "
-        f"{ops.deactivations} deactivations, {ops.rebalances} rebalances; policy decisions "
-        f"{ops.policy_wall_s * 1000:.1f} ms wall",
+        (
+            f"controller overhead {ops.controller_overhead_s:.3f} s over {ops.activations} activations, "
+            f"{ops.deactivations} deactivations, {ops.rebalances} rebalances; policy decisions "
+            f"{ops.policy_wall_s * 1000:.1f} ms wall"
+        ),
     ]
     for name in sorted(ops.engine):
         st = ops.engine[name]
@@ -538,7 +539,7 @@ async def _run_ray(
             if done:
                 try:
                     report = done.pop().result()
-                except Exception as exc:
+                except Exception as exc:  # noqa: BLE001 - re-raised, unwrapped from Ray
                     raise _unwrap(exc) from None
                 break
         backend["loop_lag"] = await _loop_lags(coordinator, system)
@@ -580,7 +581,7 @@ async def _loop_lags(coordinator: Any, system: Any) -> dict[str, float]:
     for name, ref in targets:
         try:
             out[name] = round((await ref).max_gap_s * 1000, 2)
-        except Exception:  # noqa: BLE001 - a lost actor has no lag to report
+        except Exception:  # noqa: BLE001, S112 - a lost actor has no lag to report
             continue
     return out
 

@@ -24,7 +24,6 @@ EXIT_INTERRUPTED = 130
 def _parse_set(values: tuple[str, ...]) -> dict[str, Any]:
     """``KEY=VALUE`` pairs (VALUE read as YAML, so numbers and booleans keep their type)."""
     import yaml
-
     from dynres.core.errors import ConfigError
 
     out: dict[str, Any] = {}
@@ -54,9 +53,8 @@ def command(
     sets: tuple[str, ...], as_json: bool, no_progress: bool, no_plots: bool, verbose: int,
 ) -> None:
     """Run fully-async training from CONFIG (engines, cluster, model, policy, steps) and report."""
-    from rich.console import Console
-
     from dynres.runtime.realrun import execute, load_run_config, load_run_policy, operations_lines, reward_key
+    from rich.console import Console
 
     level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)

@@ -24,8 +24,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import Field, field_validator, model_validator
-
 from dynres.core.config import DynresConfig, StrictModel
 from dynres.core.errors import BackendError, BackendTimeoutError
 from dynres.runtime.backends.protocols import ReplicaKind
@@ -33,6 +31,7 @@ from dynres.runtime.backends.ray._ray import remote_class, require_ray, use_loop
 from dynres.runtime.backends.ray.actors import ActorInfo, ReplicaActor, TrainEngineActor
 from dynres.runtime.backends.ray.factory import Factory
 from dynres.runtime.backends.ray.proxies import RayReplica, RayTrainEngine
+from pydantic import Field, field_validator
 
 
 class RayClusterConfig(StrictModel):
@@ -324,7 +323,7 @@ class RayCluster:
             try:
                 await asyncio.wait_for(p.shutdown(), timeout)
                 return None
-            except BaseException as exc:  # noqa: BLE001 - reported, never re-raised at teardown
+            except BaseException as exc:
                 p.kill()
                 if isinstance(exc, asyncio.CancelledError):
                     raise
@@ -334,12 +333,12 @@ class RayCluster:
         for handle in self._extra_actors:
             try:
                 ray.kill(handle, no_restart=True)
-            except Exception:  # already gone
+            except Exception:  # noqa: BLE001, S110 - already gone
                 pass
         for pg in sys_.placement_groups:
             try:
                 remove_placement_group(pg)
-            except Exception:  # cluster already shutting down
+            except Exception:  # noqa: BLE001, S110 - cluster already shutting down
                 pass
         self._extra_actors.clear()
         sys_.placement_groups.clear()

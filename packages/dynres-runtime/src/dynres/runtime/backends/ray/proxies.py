@@ -80,7 +80,7 @@ class _ActorProxy:
         """Kill the actor now (no restart); a no-op for an actor that is already gone."""
         try:
             require_ray().kill(self._handle, no_restart=True)
-        except Exception:  # already dead or cluster gone: nothing left to free
+        except Exception:  # noqa: BLE001, S110 - already dead or cluster gone: nothing left to free
             pass
 
 
