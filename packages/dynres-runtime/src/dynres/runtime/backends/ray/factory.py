@@ -2,41 +2,25 @@
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from dynres.core.errors import BackendError, ConfigError, did_you_mean
+from dynres.core.errors import BackendError, ConfigError
+from dynres.core.loading import import_object
 
 
 def resolve_target(target: str | Callable[..., Any]) -> Callable[..., Any]:
     """Return the callable named by ``"module:attr"`` (or ``target`` itself when callable)."""
     if callable(target):
         return target
-    if not isinstance(target, str) or ":" not in target:
-        raise ConfigError(
-            f"factory target {target!r} is neither a callable nor a 'module:attr' import path; "
-            "write it as 'package.module:function'"
-        )
-    module_name, _, attr = target.partition(":")
-    try:
-        obj: Any = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigError(
-            f"factory target {target!r}: module {module_name!r} failed to import ({exc}); "
-            "install the distribution that provides it on every Ray node"
-        ) from exc
-    module = obj
-    try:
-        for part in attr.split("."):
-            obj = getattr(obj, part)
-    except AttributeError:
-        raise ConfigError(
-            f"factory target {target!r}: {module_name!r} has no attribute {attr!r}"
-            f"{did_you_mean(attr, dir(module))}"
-        ) from None
+    if not isinstance(target, str):
+        raise ConfigError(f"factory target {target!r} is neither a callable nor a 'module:attr' import path")
+    obj = import_object(
+        target, what="factory target", error=ConfigError,
+        hint="install the distribution that provides it on every Ray node",
+    )
     if not callable(obj):
         raise ConfigError(f"factory target {target!r} is not callable")
     return obj
