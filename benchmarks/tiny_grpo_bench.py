@@ -20,7 +20,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 from statistics import mean
@@ -32,12 +34,16 @@ def run_one(config: str, policy: str, steps: int | None, out: Path) -> dict:
     """Run the config under ``policy``; return the numbers of one table row."""
     from dynres.runtime.realrun import execute, load_run_config
 
-    overrides: dict = {"async_training.dynamic_schedule_policy": policy}
+    ray_tmp = tempfile.mkdtemp(prefix="dynres-ray-", dir="/tmp")  # private session, removed after
+    overrides: dict = {"async_training.dynamic_schedule_policy": policy, "cluster.temp_dir": ray_tmp}
     if steps is not None:
         overrides["run.steps"] = steps
     cfg = load_run_config(config, overrides)
     t0 = time.perf_counter()
-    outcome = execute(cfg, out / policy, plots=False)
+    try:
+        outcome = execute(cfg, out / policy, plots=False)
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
     wall = time.perf_counter() - t0
     rep = outcome.report
     records = [json.loads(x) for x in (out / policy / "metrics.jsonl").read_text().splitlines()]
