@@ -156,6 +156,14 @@ class ForgetfulPolicy(_Sound):
         """Always activate during warm-up, then only when behind."""
         return ctx.only_hybrid or self.cycles < self.params.warmup_cycles or ctx.surplus_samples < 0
 
+    def deactivate_wait_samples(self, ctx: ScheduleContext) -> int:
+        """Wait for one sample once warmed up (0 before).
+
+        Every context after a save shows the lost count here, so the check's verdict does not
+        depend on which contexts hypothesis happens to draw.
+        """
+        return min(self.cycles, 1)
+
     def update_after_step(self, ctx: ScheduleContext) -> None:
         """Count the cycle (state_dict is left as the base class's empty dict: the bug)."""
         self.cycles += 1
