@@ -179,6 +179,22 @@ def test_from_pretrained_with_config_fields_and_reward_path(tmp_path):
         TorchTrainEngine.from_pretrained(str(path), reward_fn="no_colon")
 
 
+def test_offload_after_from_pretrained(tmp_path):
+    """Weights loaded from safetensors may be memory-mapped; offload must still free and restore them."""
+    import asyncio
+
+    from dynres.runtime.backends.tiny_model import save_tiny_model
+
+    path = save_tiny_model(tmp_path / "m", seed=0)
+    eng = TorchTrainEngine.from_pretrained(str(path), reward_fn="dynres.runtime.backends.tiny_model:parity_reward")
+    before = {k: v.detach().clone() for k, v in eng.model.state_dict().items()}
+    asyncio.run(eng.offload())
+    assert eng.resident_bytes() == 0
+    asyncio.run(eng.onload())
+    after = eng.model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
 def test_accepts_runtime_samples():
     samples = pytest.importorskip("dynres.runtime.samples")
     eng = _engine(lr=1e-3)

@@ -218,33 +218,8 @@ def build_trainer(*, engine: str, options: Mapping[str, Any], model_path: str | 
 
         if model_path is None:
             raise ConfigError("engines.trainer is 'torch' but no model path was prepared; set model.path")
-        engine = TorchTrainEngine.from_pretrained(model_path, seed=seed, **dict(options))
-        _own_parameter_storage(engine.model)
-        return engine
+        return TorchTrainEngine.from_pretrained(model_path, seed=seed, **dict(options))
     raise ConfigError(f"engines.trainer={engine!r} is not a known engine; use 'torch' or 'fake'")
-
-
-def _own_parameter_storage(model: Any) -> None:
-    """Give every parameter a private, resizable storage (offload frees storages by resizing them).
-
-    Weights loaded from safetensors can stay memory-mapped from the file, and a mapped storage
-    cannot be resized, so the first offload before a hybrid activation would fail.
-    """
-    import torch
-
-    with torch.no_grad():
-        for p in model.parameters():
-            if not _resizable(p):
-                p.data = p.data.clone()
-
-
-def _resizable(t: Any) -> bool:
-    try:
-        storage = t.untyped_storage()
-        storage.resize_(storage.nbytes())
-    except RuntimeError:
-        return False
-    return True
 
 
 def prompt_groups(cfg: RunConfig) -> Iterator[Any]:

@@ -69,6 +69,28 @@ def resolve_reward_fn(reward_fn: RewardFn | str | None) -> RewardFn | None:
     return fn
 
 
+def own_parameter_storage(model: Any) -> None:
+    """Give every parameter a private, resizable storage (offload frees storages by resizing them).
+
+    Weights loaded from safetensors can stay memory-mapped from the file, and a mapped storage
+    cannot be resized, so the first offload before a hybrid activation would fail.
+    """
+    torch = _torch()
+    with torch.no_grad():
+        for p in model.parameters():
+            if not _resizable(p):
+                p.data = p.data.clone()
+
+
+def _resizable(t: Any) -> bool:
+    try:
+        storage = t.untyped_storage()
+        storage.resize_(storage.nbytes())
+    except RuntimeError:
+        return False
+    return True
+
+
 def offloadable_tensors(model: Any, optimizer: Any = None) -> list[Any]:
     """Tensors that hold a trainer's memory, one per storage: params (local shards), grads, optimizer state.
 
@@ -328,6 +350,7 @@ class TorchTrainEngine:
         except (OSError, ValueError) as exc:
             raise BackendError(f"could not load a causal LM from {path!r}: {exc}; "
                                "pass a local HF model directory") from exc
+        own_parameter_storage(model)
         return cls(model, cfg, resolve_reward_fn(reward_fn))
 
     # ------------------------------------------------------------------ FSDP2
