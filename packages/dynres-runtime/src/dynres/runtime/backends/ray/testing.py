@@ -11,6 +11,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from dynres.runtime.backends.ray._ray import require_ray, use_loopback
@@ -68,6 +69,11 @@ def multi_node_cluster(
         "_system_config": dict(FAST_FAILURE_DETECTION),
         **head,
     }
+    # Cluster.add_node records the head's address in Ray's default temp dir (/tmp/ray) whatever
+    # temp_dir says, and fails when that folder is missing (a fresh machine, or an earlier cleanup).
+    default_dir = Path(tempfile.gettempdir()) / "ray"
+    created = not default_dir.exists()
+    default_dir.mkdir(parents=True, exist_ok=True)
     cluster = Cluster(initialize_head=True, head_node_args=head_args)
     try:
         nodes = [cluster.add_node(**w) for w in workers]
@@ -78,3 +84,7 @@ def multi_node_cluster(
         ray.shutdown()
         cluster.shutdown()
         shutil.rmtree(tmp, ignore_errors=True)
+        if created:
+            shutil.rmtree(default_dir, ignore_errors=True)
+        else:
+            (default_dir / "ray_current_cluster").unlink(missing_ok=True)
