@@ -58,14 +58,15 @@ def test_every_check_has_a_broken_policy():
 
 # Which checks each broken policy fails. Most break exactly one property. Two cannot: a random
 # policy cannot survive a save/restore or pickle comparison either (those compare decisions), and
-# a wait that grows without bound also makes the run slow (the runtime clamps it to a full cycle).
+# every sample the saboteur destroys must be generated again, which costs the run its margin over
+# the static baseline (the runtime admits only what the run consumes, so there is no spare).
 ONLY_FAILS = {
     broken.MisnamedPolicy: {"check_policy_api"},
     broken.RequiredParamPolicy: {"check_constructible_with_defaults"},
     broken.IgnoresUnknownParamsPolicy: {"check_params_reject_unknown_keys"},
     broken.IntInsteadOfBoolPolicy: {"check_decision_types"},
     broken.NegativeWaitPolicy: {"check_wait_bounds"},
-    broken.UnboundedWaitPolicy: {"check_wait_bounds", "check_e2e_not_slower_than_baseline"},
+    broken.UnboundedWaitPolicy: {"check_wait_bounds"},
     broken.CoinFlipPolicy: {"check_deterministic", "check_state_dict_json_round_trip", "check_picklable"},
     broken.MutatesContextPolicy: {"check_context_not_mutated"},
     broken.ForgetfulPolicy: {"check_state_dict_json_round_trip"},
@@ -74,7 +75,7 @@ ONLY_FAILS = {
     broken.LambdaAttributePolicy: {"check_picklable"},
     broken.SlowPolicy: {"check_decision_latency"},
     broken.AlarmGuardedPolicy: {"check_e2e_training_finishes"},
-    broken.SampleDroppingPolicy: {"check_e2e_samples_accounted"},
+    broken.SampleDroppingPolicy: {"check_e2e_samples_accounted", "check_e2e_not_slower_than_baseline"},
     broken.HoardingPolicy: {"check_e2e_not_slower_than_baseline"},
 }
 

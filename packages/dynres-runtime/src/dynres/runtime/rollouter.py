@@ -9,7 +9,9 @@ still queued or in flight. A new sample is admitted only while
 * ``staleness_samples < max_required_samples`` (production may run at most
   ``staleness_threshold`` cycles ahead of consumption), and
 * in-flight samples < ``min(routable replicas x concurrent_samples_per_replica,
-  max_required_samples)`` (the concurrency capacity, the ``cap`` of the rollout metric).
+  max_required_samples)`` (the concurrency capacity, the ``cap`` of the rollout metric), and
+* consumed + queued + in-flight samples < the run's demand (``num_cycles x
+  step_required_samples``), so the run ends with nothing generated in vain.
 
 A sample the queue drops as stale gives its place back (``staleness_samples -= 1``) so that a
 replacement can be generated; otherwise drops could starve the trainer within a cycle.
@@ -72,6 +74,7 @@ class Rollouter:
         now: Callable[[], float],
         max_required_samples: int,
         concurrent_samples_per_replica: int,
+        demand: int | None = None,
     ) -> None:
         """Create a rollouter (call :meth:`run` as a task to start admitting).
 
@@ -81,6 +84,7 @@ class Rollouter:
         :param now: run clock (seconds since run start).
         :param max_required_samples: staleness bound and capacity cap (samples).
         :param concurrent_samples_per_replica: samples one replica generates at once (count).
+        :param demand: samples the trainer will take in this run (None = no limit).
         """
         self.balancer = balancer
         """The load balancer."""
@@ -90,6 +94,9 @@ class Rollouter:
         """Admission bound per weight version (samples)."""
         self.concurrent_samples_per_replica = concurrent_samples_per_replica
         """Samples one replica generates at once (count)."""
+        self.demand = demand
+        """Samples the trainer will take in this run; admission stops once consumed + queued +
+        in flight reach it, so no sample is generated only to be thrown away (None = no limit)."""
         self.version = 0
         """Weight version of the routable replicas (count of syncs)."""
         self.staleness_samples = 0
@@ -138,7 +145,18 @@ class Rollouter:
             and not (self.source_exhausted and not self._resume)
             and len(self._in_flight) < self.capacity
             and self.staleness_samples < self.max_required_samples
+            and (bool(self._resume) or not self.demand_met())
         )
+
+    def demand_queued(self) -> bool:
+        """True when the queue already holds every sample the run still needs (it cannot grow)."""
+        return self.demand is not None and self.queue.consumed + self.queue.size >= self.demand
+
+    def demand_met(self) -> bool:
+        """True when consumed + queued + in-flight samples cover the run's demand."""
+        if self.demand is None:
+            return False
+        return self.queue.consumed + self.queue.size + len(self._in_flight) >= self.demand
 
     def finished(self) -> bool:
         """True when no sample will ever be produced again (source exhausted, nothing in flight)."""

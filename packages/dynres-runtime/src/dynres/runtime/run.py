@@ -109,7 +109,8 @@ class RunSpec:
     standalone_gpus: int | None = None
     """GPUs of the standalone replicas, the metric's b (count); None: config rollout GPUs."""
     keep_checkpoint: bool = False
-    """Put the end-of-run checkpoint (queue, partial samples, policy state) in the report."""
+    """Put the end-of-run checkpoint (queue, partial samples, policy state) in the report; the run
+    is then one segment of a longer one, so production does not stop at this run's demand."""
     resume_from: Mapping[str, Any] | None = None
     """A checkpoint to resume from (its queue, partial samples, steps, weight version, policy state)."""
 
@@ -194,6 +195,11 @@ class FullyAsyncRun:
             now=now,
             max_required_samples=max_req,
             concurrent_samples_per_replica=at.concurrent_samples_per_replica,
+            # A run that keeps a checkpoint goes on later, so production runs on to the end; a
+            # final run admits only what its cycles consume, so nothing is generated in vain.
+            demand=None
+            if spec.keep_checkpoint
+            else spec.num_cycles * cfg.required_samples * at.trigger_parameter_sync_step,
         )
         self.controller = Controller(
             balancer=self.balancer,

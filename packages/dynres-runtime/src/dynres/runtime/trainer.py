@@ -225,8 +225,12 @@ class TrainerLoop:
                 wait_target = int(wrec.value)
                 t0 = self._now()
                 target = wait_target
+                # Near the end of a run the queue may never reach the target: stop waiting once
+                # it holds all the run still needs.
                 await self.queue.wait_until(
-                    lambda: self.queue.size >= target or self.rollouter.finished()
+                    lambda: self.queue.size >= target
+                    or self.rollouter.finished()
+                    or self.rollouter.demand_queued()
                 )
                 wait_s = self._now() - t0
                 await self.controller.deactivate()
