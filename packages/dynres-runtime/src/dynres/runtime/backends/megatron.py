@@ -37,28 +37,25 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dynres.core.errors import BackendError, MissingExtraError
-from dynres.runtime.backends.protocols import OperationCosts, TrainStepResult, WeightUpdate
+from dynres.core.errors import BackendError
+from dynres.runtime.backends.extras import require_module
+from dynres.runtime.backends.protocols import (
+    OperationCosts,
+    TrainStepResult,
+    WeightUpdate,
+)
 from dynres.runtime.backends.torch_engine import TensorOffloader, offloadable_tensors
 from dynres.runtime.backends.weights import DEFAULT_BUCKET_BYTES, bucketize
 
 
 def _torch():
     """Import torch or raise MissingExtraError naming the ``megatron`` extra."""
-    try:
-        import torch
-    except ImportError as exc:
-        raise MissingExtraError("torch", "megatron") from exc
-    return torch
+    return require_module("torch", "megatron")
 
 
 def import_megatron_core():
     """Import ``megatron.core`` or raise MissingExtraError naming the ``megatron`` extra."""
-    try:
-        import megatron.core as mcore
-    except ImportError as exc:
-        raise MissingExtraError("megatron.core", "megatron") from exc
-    return mcore
+    return require_module("megatron.core", "megatron")
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from dynres.core.errors import MissingExtraError
+from dynres.runtime.backends.extras import require_module
 
 RULE_EVEN = 1
 """Rule token: reward counts even response tokens."""
@@ -54,20 +54,12 @@ class TinyModelSpec:
 
 def _torch():
     """Import torch or raise MissingExtraError naming the ``torch`` extra."""
-    try:
-        import torch
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise MissingExtraError("torch", "torch") from exc
-    return torch
+    return require_module("torch", "torch")
 
 
 def _transformers():
     """Import transformers or raise MissingExtraError naming the ``torch`` extra."""
-    try:
-        import transformers
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise MissingExtraError("transformers", "torch") from exc
-    return transformers
+    return require_module("transformers", "torch")
 
 
 def tiny_qwen2_config(spec: TinyModelSpec | None = None, *, dtype: str = "float32"):

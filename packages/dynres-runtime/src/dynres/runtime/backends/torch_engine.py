@@ -37,17 +37,14 @@ from typing import Any
 
 from dynres.core.errors import BackendError, ConfigError, MissingExtraError, did_you_mean
 from dynres.core.loading import import_object
+from dynres.runtime.backends.extras import require_module
 from dynres.runtime.backends.protocols import OperationCosts, TrainStepResult, WeightUpdate
 from dynres.runtime.backends.weights import DEFAULT_BUCKET_BYTES, WeightBuckets, bucketize
 
 
 def _torch():
     """Import torch or raise MissingExtraError naming the ``torch`` extra."""
-    try:
-        import torch
-    except ImportError as exc:
-        raise MissingExtraError("torch", "torch") from exc
-    return torch
+    return require_module("torch", "torch")
 
 
 RewardFn = Callable[[Sequence[int], Sequence[int]], float]

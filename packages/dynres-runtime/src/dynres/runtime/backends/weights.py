@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dynres.core.errors import BackendError, MissingExtraError
+from dynres.core.errors import BackendError
+from dynres.runtime.backends.extras import require_module
 
 DEFAULT_BUCKET_BYTES = 256 * 1024 * 1024
 """Default upper bound of one export bucket (bytes); a single larger tensor gets its own bucket."""
@@ -26,20 +27,12 @@ DEFAULT_BUCKET_BYTES = 256 * 1024 * 1024
 
 def _torch():
     """Import torch or raise MissingExtraError naming the ``torch`` extra."""
-    try:
-        import torch
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise MissingExtraError("torch", "torch") from exc
-    return torch
+    return require_module("torch", "torch")
 
 
 def _safetensors_torch():
     """Import safetensors.torch or raise MissingExtraError naming the ``torch`` extra."""
-    try:
-        import safetensors.torch as st
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise MissingExtraError("safetensors", "torch") from exc
-    return st
+    return require_module("safetensors.torch", "torch")
 
 
 def tensor_nbytes(t: Any) -> int:
