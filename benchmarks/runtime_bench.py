@@ -24,11 +24,11 @@ import statistics
 import sys
 import time
 
-from dynres.runtime.backends.protocols import GenerationRequest, WeightUpdate
-from dynres.runtime.balancer import LoadBalancer
-from dynres.runtime.controller import Controller
-from dynres.runtime.ops import OpRunner
-from dynres.testkit.fakes import FakeReplica, FakeTrainEngine
+from dynres.runtime.protocols import GenerationRequest, WeightUpdate
+from dynres.runtime.loop.balancer import LoadBalancer
+from dynres.runtime.loop.controller import Controller
+from dynres.runtime.loop.ops import OpRunner
+from dynres.runtime.backends.fake import FakeReplica, FakeTrainEngine
 
 OP_LATENCY_S = 0.1
 

@@ -8,9 +8,9 @@ from collections import Counter
 import pytest
 
 from dynres.core.errors import ReplicaUnavailableError, RuntimeStateError
-from dynres.runtime.backends.protocols import GenerationRequest
-from dynres.runtime.balancer import LoadBalancer
-from dynres.testkit.fakes import FakeReplica
+from dynres.runtime.protocols import GenerationRequest
+from dynres.runtime.loop.balancer import LoadBalancer
+from dynres.runtime.backends.fake import FakeReplica
 
 
 def req(i: int | str, max_tokens: int = 1000) -> GenerationRequest:

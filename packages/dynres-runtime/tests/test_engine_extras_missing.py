@@ -32,7 +32,8 @@ def test_vllm_missing_names_the_vllm_extra(hide):
 
 
 def test_torch_missing_names_the_torch_extra(hide):
-    from dynres.runtime.backends import tiny_model, torch_engine, weights
+    from dynres.runtime.backends import torch_engine, weights
+    from dynres.runtime.realrun import tiny_task as tiny_model
 
     hide("torch", "transformers", "safetensors")
     for fn in (torch_engine._torch, tiny_model._torch, weights._torch, weights._safetensors_torch,

@@ -11,12 +11,12 @@ import pytest
 
 from dynres.core import Policy, ScheduleContext, get_plugin_manager, hookimpl, load_config
 from dynres.core.config import DynresConfig
-from dynres.runtime.balancer import LoadBalancer
-from dynres.runtime.queue import MessageQueue
-from dynres.runtime.report import RunReport
-from dynres.runtime.rollouter import Rollouter
-from dynres.runtime.run import FullyAsyncRun, RunSpec, max_required_samples, run_fully_async
-from dynres.testkit.fakes import FakeCluster, FakeReplica, fake_prompts
+from dynres.runtime.loop.balancer import LoadBalancer
+from dynres.runtime.loop.queue import MessageQueue
+from dynres.runtime.loop.report import RunReport
+from dynres.runtime.loop.rollouter import Rollouter
+from dynres.runtime.loop.run import FullyAsyncRun, RunSpec, max_required_samples, run_fully_async
+from dynres.runtime.backends.fake import FakeCluster, FakeReplica, fake_prompts
 
 
 def make_cfg(
@@ -233,7 +233,7 @@ def test_bad_policy_answers_fall_back_and_training_continues(
 ) -> None:
     pol = scripted(**answers)
     observer = DecisionLog()
-    with caplog.at_level(logging.WARNING, logger="dynres.runtime.decisions"):
+    with caplog.at_level(logging.WARNING, logger="dynres.runtime.loop.decisions"):
         report, _ = run(pol, cycles=2, observer=observer, policy_timeout_s=0.2)
     assert len(report.cycles) == 2  # training went on
     bad = [d for d in [*report.startup_decisions, *(x for c in report.cycles for x in c.decisions)] if d.method == method]

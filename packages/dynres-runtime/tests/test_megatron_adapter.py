@@ -19,7 +19,7 @@ from dynres.runtime.backends.megatron import (  # noqa: E402
     megatron_to_hf,
     split_qkv,
 )
-from dynres.runtime.backends.tiny_model import TinyModelSpec, build_tiny_model  # noqa: E402
+from dynres.runtime.realrun.tiny_task import TinyModelSpec, build_tiny_model  # noqa: E402
 
 GQA = TinyModelSpec(hidden_size=128, num_attention_heads=4, num_key_value_heads=2)
 """4 query heads in 2 groups of head_dim 32: exercises the grouped QKV interleave."""
@@ -154,7 +154,7 @@ def test_offload_frees_and_onload_restores_bit_exact(pair):
 
 def test_train_step_needs_step_fn_and_counts_versions(pair):
     from dynres.runtime.backends.megatron import MegatronTrainEngine
-    from dynres.runtime.backends.protocols import TrainStepResult
+    from dynres.runtime.protocols import TrainStepResult
 
     _, model, eng = pair
     with pytest.raises(BackendError, match="step_fn"):

@@ -11,7 +11,7 @@ pytest.importorskip("ray")
 
 from dynres.core.config import load_config
 from dynres.core.errors import BackendError, ConfigError, MissingExtraError
-from dynres.runtime.backends.protocols import (
+from dynres.runtime.protocols import (
     GenerationRequest,
     Replica,
     ReplicaKind,
@@ -40,7 +40,7 @@ class _WeightsTrainer:
     """A train engine exporting a real payload (to check it reaches replicas by reference)."""
 
     def __init__(self) -> None:
-        from dynres.testkit.fakes import FakeTrainEngine
+        from dynres.runtime.backends.fake import FakeTrainEngine
 
         self._inner = FakeTrainEngine(phase_times={"update_actor": 0.01})
 
@@ -71,7 +71,7 @@ class _PayloadReplica:
     """A fake replica that remembers the payload it received."""
 
     def __init__(self, replica_id, kind, **kw):
-        from dynres.testkit.fakes import FakeReplica
+        from dynres.runtime.backends.fake import FakeReplica
 
         self._inner = FakeReplica(replica_id, kind, **kw)
         self.replica_id = replica_id
@@ -132,7 +132,7 @@ def _start(standalone, hybrid, trainer):
 
 def test_proxies_satisfy_protocols_and_round_trip(ray_session):
     cluster, system = _start(
-        Factory("dynres.testkit.fakes:FakeReplica", {"tokens_per_s": 2000.0, "response_tokens": 8}),
+        Factory("dynres.runtime.backends.fake:FakeReplica", {"tokens_per_s": 2000.0, "response_tokens": 8}),
         Factory(_PayloadReplica, {"tokens_per_s": 2000.0, "response_tokens": 8}),
         Factory(_WeightsTrainer),
     )
@@ -178,9 +178,9 @@ def test_proxies_satisfy_protocols_and_round_trip(ray_session):
 
 def test_abort_reaches_a_generating_actor(ray_session):
     cluster, system = _start(
-        Factory("dynres.testkit.fakes:FakeReplica", {"tokens_per_s": 10.0, "response_tokens": 1000}),
+        Factory("dynres.runtime.backends.fake:FakeReplica", {"tokens_per_s": 10.0, "response_tokens": 1000}),
         None,
-        Factory("dynres.testkit.fakes:FakeTrainEngine"),
+        Factory("dynres.runtime.backends.fake:FakeTrainEngine"),
     )
 
     async def scenario():
@@ -203,9 +203,9 @@ def test_lost_actor_is_a_backend_error_naming_the_replica(ray_session):
     import ray
 
     cluster, system = _start(
-        Factory("dynres.testkit.fakes:FakeReplica", {"tokens_per_s": 10.0, "response_tokens": 1000}),
+        Factory("dynres.runtime.backends.fake:FakeReplica", {"tokens_per_s": 10.0, "response_tokens": 1000}),
         None,
-        Factory("dynres.testkit.fakes:FakeTrainEngine"),
+        Factory("dynres.runtime.backends.fake:FakeTrainEngine"),
     )
 
     async def scenario():
@@ -234,9 +234,9 @@ def test_factory_errors_name_the_target(ray_session):
         asyncio.run(
             cluster.start(
                 DYN,
-                standalone=Factory("dynres.testkit.fakes:nosuch"),
+                standalone=Factory("dynres.runtime.backends.fake:nosuch"),
                 hybrid=None,
-                trainer=Factory("dynres.testkit.fakes:FakeTrainEngine"),
+                trainer=Factory("dynres.runtime.backends.fake:FakeTrainEngine"),
             )
         )
     asyncio.run(cluster.shutdown())
@@ -248,9 +248,9 @@ def test_unplaceable_slot_times_out_with_a_clear_error(ray_session):
         asyncio.run(
             cluster.start(
                 DYN,
-                standalone=Factory("dynres.testkit.fakes:FakeReplica"),
+                standalone=Factory("dynres.runtime.backends.fake:FakeReplica"),
                 hybrid=None,
-                trainer=Factory("dynres.testkit.fakes:FakeTrainEngine"),
+                trainer=Factory("dynres.runtime.backends.fake:FakeTrainEngine"),
             )
         )
     asyncio.run(cluster.shutdown())

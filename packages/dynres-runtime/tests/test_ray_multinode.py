@@ -17,7 +17,7 @@ pytest.importorskip("ray")
 
 from dynres.runtime.backends.ray import Factory, RayCluster
 from dynres.runtime.backends.ray.cluster import driver_node_id
-from dynres.runtime.backends.ray.coordinator import CoordinatorActor
+from dynres.runtime.realrun.on_ray import CoordinatorActor
 from dynres.runtime.backends.ray.testing import multi_node_cluster
 from dynres.runtime.realrun import load_run_config
 

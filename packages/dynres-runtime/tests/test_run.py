@@ -13,10 +13,10 @@ from dynres.core import get_plugin_manager, load_config, load_policy
 from dynres.core.config import DynresConfig
 from dynres.core.errors import ConfigError
 from dynres.core.metrics import METRIC_KEYS
-from dynres.runtime.report import RunReport
-from dynres.runtime.run import CHECKPOINT_FORMAT, FullyAsyncRun, RunSpec, run_fully_async
+from dynres.runtime.loop.report import RunReport
+from dynres.runtime.loop.run import CHECKPOINT_FORMAT, FullyAsyncRun, RunSpec, run_fully_async
 from dynres.runtime.samples import PromptGroup
-from dynres.testkit.fakes import FakeCluster, fake_prompts
+from dynres.runtime.backends.fake import FakeCluster, fake_prompts
 
 
 def cfg(standalone_nodes: int = 1, **at: Any) -> DynresConfig:

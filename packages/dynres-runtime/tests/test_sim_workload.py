@@ -8,8 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from dynres.runtime.backends.protocols import GenerationRequest, ReplicaKind
-from dynres.runtime.backends.sim import RESPONSE_TOKENS_KEY, SimReplica, SimReplicaCosts, SimTrainEngine
+from dynres.runtime.protocols import GenerationRequest, ReplicaKind
+from dynres.runtime.sim.engines import RESPONSE_TOKENS_KEY, SimReplica, SimReplicaCosts, SimTrainEngine
 from dynres.runtime.sim.loop import run_virtual
 from dynres.runtime.sim.scenario import DecodeConfig, ResponseLengthConfig, TrainConfig
 from dynres.runtime.sim.workload import (

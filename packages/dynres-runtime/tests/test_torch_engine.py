@@ -12,8 +12,8 @@ pytest.importorskip("transformers")
 
 from dynres.core.errors import BackendError  # noqa: E402
 from dynres.core.metrics import TRAIN_COMPUTE_PHASES  # noqa: E402
-from dynres.runtime.backends.protocols import GenerationResult, TrainEngine  # noqa: E402
-from dynres.runtime.backends.tiny_model import build_tiny_model, make_prompts, parity_reward  # noqa: E402
+from dynres.runtime.protocols import GenerationResult, TrainEngine  # noqa: E402
+from dynres.runtime.realrun.tiny_task import build_tiny_model, make_prompts, parity_reward  # noqa: E402
 from dynres.runtime.backends.torch_engine import TorchTrainConfig, TorchTrainEngine, TrainSample  # noqa: E402
 from dynres.runtime.backends.weights import WeightBuckets  # noqa: E402
 
@@ -167,11 +167,11 @@ def test_missing_reward_fn_and_empty_batch():
 
 def test_from_pretrained_with_config_fields_and_reward_path(tmp_path):
     from dynres.core.errors import ConfigError
-    from dynres.runtime.backends.tiny_model import save_tiny_model
+    from dynres.runtime.realrun.tiny_task import save_tiny_model
 
     path = save_tiny_model(tmp_path / "m", seed=0)
     eng = TorchTrainEngine.from_pretrained(str(path), lr=5e-4, seed=3,
-                                           reward_fn="dynres.runtime.backends.tiny_model:parity_reward")
+                                           reward_fn="dynres.runtime.realrun.tiny_task:parity_reward")
     assert eng.config.lr == 5e-4 and eng.config.seed == 3 and eng.reward_fn is parity_reward
     with pytest.raises(ConfigError, match="did you mean 'lr'"):
         TorchTrainEngine.from_pretrained(str(path), lrr=1.0)
@@ -183,10 +183,10 @@ def test_offload_after_from_pretrained(tmp_path):
     """Weights loaded from safetensors may be memory-mapped; offload must still free and restore them."""
     import asyncio
 
-    from dynres.runtime.backends.tiny_model import save_tiny_model
+    from dynres.runtime.realrun.tiny_task import save_tiny_model
 
     path = save_tiny_model(tmp_path / "m", seed=0)
-    eng = TorchTrainEngine.from_pretrained(str(path), reward_fn="dynres.runtime.backends.tiny_model:parity_reward")
+    eng = TorchTrainEngine.from_pretrained(str(path), reward_fn="dynres.runtime.realrun.tiny_task:parity_reward")
     before = {k: v.detach().clone() for k, v in eng.model.state_dict().items()}
     asyncio.run(eng.offload())
     assert eng.resident_bytes() == 0

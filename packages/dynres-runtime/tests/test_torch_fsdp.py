@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slow
 
 def _batch():
     """The same fixed batch on every rank."""
-    from dynres.runtime.backends.tiny_model import make_prompts
+    from dynres.runtime.realrun.tiny_task import make_prompts
     from dynres.runtime.backends.torch_engine import TrainSample
 
     g = torch.Generator().manual_seed(0)
@@ -29,7 +29,7 @@ def _rank_main(rank: int, world: int, port: int, out_dir: str) -> None:
 
     import torch.distributed as dist
 
-    from dynres.runtime.backends.tiny_model import build_tiny_model, parity_reward
+    from dynres.runtime.realrun.tiny_task import build_tiny_model, parity_reward
     from dynres.runtime.backends.torch_engine import TorchTrainConfig, TorchTrainEngine
 
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
@@ -56,7 +56,7 @@ def _rank_main(rank: int, world: int, port: int, out_dir: str) -> None:
 def test_fsdp2_two_ranks_match_single_process(tmp_path):
     import torch.multiprocessing as mp
 
-    from dynres.runtime.backends.tiny_model import build_tiny_model, parity_reward
+    from dynres.runtime.realrun.tiny_task import build_tiny_model, parity_reward
     from dynres.runtime.backends.torch_engine import TorchTrainConfig, TorchTrainEngine
 
     with socket.socket() as s:

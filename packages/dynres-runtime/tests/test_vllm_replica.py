@@ -12,8 +12,8 @@ pytest.importorskip("vllm")
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from dynres.runtime.backends.protocols import GenerationRequest, ReplicaKind, WeightUpdate  # noqa: E402
-from dynres.runtime.backends.tiny_model import hf_greedy, save_tiny_model  # noqa: E402
+from dynres.runtime.protocols import GenerationRequest, ReplicaKind, WeightUpdate  # noqa: E402
+from dynres.runtime.realrun.tiny_task import hf_greedy, save_tiny_model  # noqa: E402
 from dynres.runtime.backends.vllm import VllmReplica, VllmReplicaConfig  # noqa: E402
 from dynres.runtime.backends.weights import bucketize, materialize, remove_bucket_files  # noqa: E402
 
@@ -189,7 +189,7 @@ def test_health_and_bad_payload(loop, replica):
 
 def test_torch_trainer_export_reproduces_trainer_greedy_output(loop, replica, models):
     """Train on the replica's own weights, export, load: vLLM greedy == the trained HF model's."""
-    from dynres.runtime.backends.tiny_model import make_prompts, parity_reward
+    from dynres.runtime.realrun.tiny_task import make_prompts, parity_reward
     from dynres.runtime.backends.torch_engine import TorchTrainConfig, TorchTrainEngine, TrainSample
 
     paths, hf = models

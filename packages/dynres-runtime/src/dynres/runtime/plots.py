@@ -14,7 +14,7 @@ from dynres.core.errors import ConfigError
 from dynres.core.metrics import CLUSTER_UTILIZATION, MQ_SIZE, ROLLOUT_UTILIZATION, TRAIN_UTILIZATION
 
 if TYPE_CHECKING:
-    from dynres.runtime.report import RunReport
+    from dynres.runtime.loop.report import RunReport
 
 PLOT_FILES: tuple[str, ...] = (
     "mq_size.png",

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dynres.runtime.backends.protocols import GenerationRequest, GenerationResult
+from dynres.runtime.protocols import GenerationRequest, GenerationResult
 
 
 @dataclass(frozen=True)

@@ -1,25 +1,5 @@
-"""Backends: the protocols every backend implements, and the backends themselves."""
+"""Engines behind the runtime's protocols: fakes, vLLM, torch, Megatron and their Ray actors.
 
-from dynres.runtime.backends.protocols import (
-    GenerationRequest,
-    GenerationResult,
-    OperationCosts,
-    Replica,
-    ReplicaHealth,
-    ReplicaKind,
-    TrainEngine,
-    TrainStepResult,
-    WeightUpdate,
-)
-
-__all__ = [
-    "GenerationRequest",
-    "GenerationResult",
-    "OperationCosts",
-    "Replica",
-    "ReplicaHealth",
-    "ReplicaKind",
-    "TrainEngine",
-    "TrainStepResult",
-    "WeightUpdate",
-]
+Each module implements :mod:`dynres.runtime.protocols`; none imports the fully-async loop or
+either app (``sim``, ``realrun``), so an engine can be tested and reused on its own.
+"""

@@ -39,7 +39,7 @@ from typing import Any
 
 from dynres.core.errors import BackendError
 from dynres.runtime.backends.extras import require_module
-from dynres.runtime.backends.protocols import (
+from dynres.runtime.protocols import (
     OperationCosts,
     TrainStepResult,
     WeightUpdate,

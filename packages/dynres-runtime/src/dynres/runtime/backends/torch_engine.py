@@ -38,7 +38,7 @@ from typing import Any
 from dynres.core.errors import BackendError, ConfigError, MissingExtraError, did_you_mean
 from dynres.core.loading import import_object
 from dynres.runtime.backends.extras import require_module
-from dynres.runtime.backends.protocols import OperationCosts, TrainStepResult, WeightUpdate
+from dynres.runtime.protocols import OperationCosts, TrainStepResult, WeightUpdate
 from dynres.runtime.backends.weights import DEFAULT_BUCKET_BYTES, WeightBuckets, bucketize
 
 
@@ -59,7 +59,7 @@ def resolve_reward_fn(reward_fn: RewardFn | str | None) -> RewardFn | None:
         str(reward_fn),
         what="reward_fn",
         error=ConfigError,
-        hint="e.g. 'dynres.runtime.backends.tiny_model:parity_reward'",
+        hint="e.g. 'dynres.runtime.realrun.tiny_task:parity_reward'",
     )
     if not callable(fn):
         raise ConfigError(f"reward_fn {reward_fn!r} is not callable")

@@ -1,4 +1,4 @@
-"""vLLM backend: one vLLM v1 ``AsyncLLM`` engine per :class:`~dynres.runtime.backends.protocols.Replica`.
+"""vLLM backend: one vLLM v1 ``AsyncLLM`` engine per :class:`~dynres.runtime.protocols.Replica`.
 
 How each replica operation maps onto vLLM:
 
@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dynres.core.errors import BackendError, BackendTimeoutError, MissingExtraError
-from dynres.runtime.backends.protocols import (
+from dynres.runtime.protocols import (
     GenerationRequest,
     GenerationResult,
     OperationCosts,

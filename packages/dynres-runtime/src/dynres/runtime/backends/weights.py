@@ -42,7 +42,7 @@ def tensor_nbytes(t: Any) -> int:
 
 @dataclass(frozen=True)
 class WeightBuckets:
-    """Payload of a :class:`~dynres.runtime.backends.protocols.WeightUpdate`: named tensors in buckets.
+    """Payload of a :class:`~dynres.runtime.protocols.WeightUpdate`: named tensors in buckets.
 
     Exactly one of ``buckets`` (in-memory CPU tensors) and ``files`` (safetensors files, one
     per bucket, readable by every replica on the node) is set.

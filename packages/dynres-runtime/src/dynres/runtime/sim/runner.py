@@ -1,8 +1,8 @@
 """``simulate(scenario)``: the real fully-async runtime on a virtual-time loop with the sim backend.
 
-Nothing here forks the runtime: :func:`dynres.runtime.run.run_fully_async` drives the same
+Nothing here forks the runtime: :func:`dynres.runtime.loop.run.run_fully_async` drives the same
 controller, balancer, queue, loops and policy code as a real run. The simulator only supplies
-:class:`~dynres.runtime.backends.sim.SimReplica` / :class:`~dynres.runtime.backends.sim.SimTrainEngine`
+:class:`~dynres.runtime.sim.engines.SimReplica` / :class:`~dynres.runtime.sim.engines.SimTrainEngine`
 built from the scenario, a prompt source whose prompt groups carry their modelled response
 lengths, and the virtual-time event loop.
 """
@@ -28,15 +28,15 @@ from dynres.core.metrics import (
     ROLLOUT_UTILIZATION,
     TRAIN_UTILIZATION,
 )
-from dynres.runtime.backends.protocols import ReplicaKind
-from dynres.runtime.backends.sim import (
+from dynres.runtime.protocols import ReplicaKind
+from dynres.runtime.sim.engines import (
     RESPONSE_TOKENS_KEY,
     SimReplica,
     SimReplicaCosts,
     SimTrainCosts,
     SimTrainEngine,
 )
-from dynres.runtime.report import CycleReport, RunReport
+from dynres.runtime.loop.report import CycleReport, RunReport
 from dynres.runtime.samples import PromptGroup
 from dynres.runtime.sim.bound import BoundInputs, LowerBound, lower_bound
 from dynres.runtime.sim.loop import run_virtual
@@ -324,7 +324,7 @@ def simulate(
     engine = build_train_engine(sc, on_batch)
 
     from dynres.core import get_plugin_manager
-    from dynres.runtime.run import RunSpec, run_fully_async
+    from dynres.runtime.loop.run import RunSpec, run_fully_async
 
     spec = RunSpec(
         config=cfg,

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from dynres.core.errors import BackendError, RuntimeStateError
-from dynres.runtime.backends.protocols import (
+from dynres.runtime.protocols import (
     GenerationRequest,
     GenerationResult,
     OperationCosts,

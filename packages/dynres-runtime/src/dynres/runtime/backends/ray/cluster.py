@@ -26,7 +26,7 @@ from typing import Any
 
 from dynres.core.config import DynresConfig, StrictModel
 from dynres.core.errors import BackendError, BackendTimeoutError
-from dynres.runtime.backends.protocols import ReplicaKind
+from dynres.runtime.protocols import ReplicaKind
 from dynres.runtime.backends.ray._ray import remote_class, require_ray, use_loopback
 from dynres.runtime.backends.ray.actors import ActorInfo, ReplicaActor, TrainEngineActor
 from dynres.runtime.backends.ray.factory import Factory

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from dynres.core.errors import BackendError, DynresError
-from dynres.runtime.backends.protocols import (
+from dynres.runtime.protocols import (
     GenerationRequest,
     GenerationResult,
     OperationCosts,
@@ -85,7 +85,7 @@ class _ActorProxy:
 
 
 class RayReplica(_ActorProxy):
-    """A :class:`~dynres.runtime.backends.protocols.Replica` whose engine lives in a Ray actor."""
+    """A :class:`~dynres.runtime.protocols.Replica` whose engine lives in a Ray actor."""
 
     def __init__(self, replica_id: str, kind: ReplicaKind, handle: Any, info: ActorInfo | None = None) -> None:
         """Wrap a started ReplicaActor handle; ``info`` is what its ``start()`` returned."""
@@ -153,7 +153,7 @@ class RayReplica(_ActorProxy):
 
 
 class RayTrainEngine(_ActorProxy):
-    """A :class:`~dynres.runtime.backends.protocols.TrainEngine` living in a Ray actor."""
+    """A :class:`~dynres.runtime.protocols.TrainEngine` living in a Ray actor."""
 
     def __init__(self, handle: Any, info: ActorInfo | None = None) -> None:
         """Wrap a started TrainEngineActor handle."""

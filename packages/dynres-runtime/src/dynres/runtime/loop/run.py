@@ -26,15 +26,15 @@ import pluggy
 
 from dynres.core import BoundPolicy, DynresConfig, Policy, get_plugin_manager
 from dynres.core.errors import ConfigError, RuntimeStateError
-from dynres.runtime.backends.protocols import Replica, TrainEngine
-from dynres.runtime.balancer import LoadBalancer
-from dynres.runtime.clock import RunClock
-from dynres.runtime.controller import Controller, ControllerState
-from dynres.runtime.decisions import DecisionGuard, DecisionRecord
-from dynres.runtime.ops import OpRunner
-from dynres.runtime.queue import MessageQueue
-from dynres.runtime.report import CycleReport, OperationTimings, RunReport, SampleCounters
-from dynres.runtime.rollouter import PartialSample, PromptSource, Rollouter
+from dynres.runtime.protocols import Replica, TrainEngine
+from dynres.runtime.loop.balancer import LoadBalancer
+from dynres.runtime.loop.clock import RunClock
+from dynres.runtime.loop.controller import Controller, ControllerState
+from dynres.runtime.loop.decisions import DecisionGuard, DecisionRecord
+from dynres.runtime.loop.ops import OpRunner
+from dynres.runtime.loop.queue import MessageQueue
+from dynres.runtime.loop.report import CycleReport, OperationTimings, RunReport, SampleCounters
+from dynres.runtime.loop.rollouter import PartialSample, PromptSource, Rollouter
 from dynres.runtime.samples import (
     PromptGroup,
     Sample,
@@ -45,10 +45,10 @@ from dynres.runtime.samples import (
     sample_from_dict,
     sample_to_dict,
 )
-from dynres.runtime.tracker import RunTracker
-from dynres.runtime.trainer import StopRun, TrainerLoop, maybe_await
+from dynres.runtime.loop.tracker import RunTracker
+from dynres.runtime.loop.cycle import StopRun, TrainerLoop, maybe_await
 
-logger = logging.getLogger("dynres.runtime.run")
+logger = logging.getLogger("dynres.runtime.loop.run")
 
 CHECKPOINT_FORMAT = "dynres.checkpoint/1"
 """Value of the ``format`` key of a checkpoint."""

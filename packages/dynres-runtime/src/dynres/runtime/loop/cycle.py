@@ -35,16 +35,16 @@ from typing import Any
 import pluggy
 
 from dynres.core.metrics import MicroStep, cycle_metrics, train_compute_time
-from dynres.runtime.backends.protocols import Replica, TrainEngine, WeightUpdate
-from dynres.runtime.controller import Controller
-from dynres.runtime.decisions import DecisionGuard, DecisionRecord
-from dynres.runtime.ops import OpRunner
-from dynres.runtime.queue import MessageQueue
-from dynres.runtime.report import CycleReport
-from dynres.runtime.rollouter import Rollouter
-from dynres.runtime.tracker import CycleMeasurements, RunTracker
+from dynres.runtime.protocols import Replica, TrainEngine, WeightUpdate
+from dynres.runtime.loop.controller import Controller
+from dynres.runtime.loop.decisions import DecisionGuard, DecisionRecord
+from dynres.runtime.loop.ops import OpRunner
+from dynres.runtime.loop.queue import MessageQueue
+from dynres.runtime.loop.report import CycleReport
+from dynres.runtime.loop.rollouter import Rollouter
+from dynres.runtime.loop.tracker import CycleMeasurements, RunTracker
 
-logger = logging.getLogger("dynres.runtime.trainer")
+logger = logging.getLogger("dynres.runtime.loop.cycle")
 
 
 class StopRun(Exception):

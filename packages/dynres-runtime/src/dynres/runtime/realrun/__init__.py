@@ -12,7 +12,7 @@ its own::
 
 Every section is strict (``extra="forbid"``): a typo is one error line naming the key and the
 nearest valid one. :func:`execute` starts everything, runs ``run.steps`` sync cycles through
-:func:`dynres.runtime.run.run_fully_async`, streams one JSONL record per cycle, and tears
+:func:`dynres.runtime.loop.run.run_fully_async`, streams one JSONL record per cycle, and tears
 everything down, also on Ctrl-C (in-flight work aborted, engines shut down, Ray stopped).
 """
 
@@ -32,7 +32,7 @@ from typing import Any, Literal
 
 from dynres.core.config import DynresConfig, StrictModel, policy_params_from_config, read_yaml, validate_model
 from dynres.core.errors import ConfigError, DynresError
-from dynres.runtime.backends.protocols import ReplicaKind, TrainStepResult
+from dynres.runtime.protocols import ReplicaKind, TrainStepResult
 from dynres.runtime.backends.ray.cluster import RayClusterConfig
 from pydantic import Field, create_model, model_validator
 
@@ -82,7 +82,7 @@ class EnginesSection(StrictModel):
 
 def _tiny_spec_model() -> type[StrictModel]:
     """A strict pydantic model of TinyModelSpec's fields (so `model.tiny` typos are caught)."""
-    from dynres.runtime.backends.tiny_model import TinyModelSpec
+    from dynres.runtime.realrun.tiny_task import TinyModelSpec
 
     hints = typing.get_type_hints(TinyModelSpec)
     fields = {f.name: (hints[f.name], f.default) for f in dataclasses.fields(TinyModelSpec)}
@@ -138,7 +138,7 @@ class RunConfig(DynresConfig):
 
     def tiny_spec(self) -> Any:
         """The TinyModelSpec of the random model (defaults + ``model.tiny``)."""
-        from dynres.runtime.backends.tiny_model import TinyModelSpec
+        from dynres.runtime.realrun.tiny_task import TinyModelSpec
 
         return TinyModelSpec(**self.model.tiny.model_dump())
 
@@ -190,7 +190,7 @@ async def build_replica(
     """Build one replica of ``engine`` ("fake" or "vllm") with its options (memory fractions 0-1)."""
     k = ReplicaKind(kind)
     if engine == "fake":
-        from dynres.testkit.fakes import FakeReplica
+        from dynres.runtime.backends.fake import FakeReplica
 
         return FakeReplica(replica_id, k, **dict(options))
     if engine == "vllm":
@@ -210,7 +210,7 @@ async def build_replica(
 def build_trainer(*, engine: str, options: Mapping[str, Any], model_path: str | None, seed: int = 0) -> Any:
     """Build the train engine of ``engine`` ("fake" or "torch") with its options."""
     if engine == "fake":
-        from dynres.testkit.fakes import FakeTrainEngine
+        from dynres.runtime.backends.fake import FakeTrainEngine
 
         return FakeTrainEngine(**dict(options))
     if engine == "torch":
@@ -224,7 +224,7 @@ def build_trainer(*, engine: str, options: Mapping[str, Any], model_path: str | 
 
 def prompt_groups(cfg: RunConfig) -> Iterator[Any]:
     """Endless prompt groups of the toy task: ``task.num_prompts`` prompts, cycled, ids unique."""
-    from dynres.runtime.backends.tiny_model import make_prompts
+    from dynres.runtime.realrun.tiny_task import make_prompts
     from dynres.runtime.samples import PromptGroup
 
     task = cfg.task
@@ -292,7 +292,7 @@ def build_spec(
     progress: Callable[[Any], Any] | None, config: Mapping[str, Any],
 ) -> Any:
     """The RunSpec of a run file (``config`` is RunConfig data); runs where the loop will run."""
-    from dynres.runtime.run import RunSpec
+    from dynres.runtime.loop.run import RunSpec
 
     cfg = validate_model(RunConfig, config, "config")
     policy = load_run_policy(cfg)
@@ -412,7 +412,7 @@ def prepare_model(cfg: RunConfig, out_dir: Path) -> str | None:
         if not (p / "config.json").is_file():
             raise ConfigError(f"model.path={cfg.model.path!r} has no config.json; give an HF-layout model directory")
         return str(p.resolve())
-    from dynres.runtime.backends.tiny_model import save_tiny_model
+    from dynres.runtime.realrun.tiny_task import save_tiny_model
 
     return str(save_tiny_model(out_dir / "model", cfg.tiny_spec(), seed=cfg.run.seed, dtype=cfg.model.dtype).resolve())
 
@@ -448,7 +448,7 @@ def _unwrap(exc: BaseException) -> BaseException:
 
 
 async def _run_local(cfg: RunConfig, model_path: str | None, sink: _Sink, backend: dict[str, Any]) -> Any:
-    from dynres.runtime.run import run_fully_async
+    from dynres.runtime.loop.run import run_fully_async
 
     s_f, h_f, t_f = _factories(cfg, model_path)
     dyn = cfg.dynres_config()
@@ -475,7 +475,7 @@ async def _run_ray(
 ) -> Any:
     from dynres.runtime.backends.ray._ray import require_ray
     from dynres.runtime.backends.ray.cluster import RayCluster, driver_node_id
-    from dynres.runtime.backends.ray.coordinator import CoordinatorActor
+    from dynres.runtime.realrun.on_ray import CoordinatorActor
     from dynres.runtime.backends.ray.factory import Factory
 
     ray = require_ray()

@@ -12,9 +12,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from dynres.runtime.controller import StateChange
-from dynres.runtime.decisions import DecisionRecord
-from dynres.runtime.ops import OpFailure, OpStat
+from dynres.runtime.loop.controller import StateChange
+from dynres.runtime.loop.decisions import DecisionRecord
+from dynres.runtime.loop.ops import OpFailure, OpStat
 
 
 @dataclass
@@ -80,7 +80,7 @@ class SampleCounters:
     consumed: int = 0
     """Samples trained on."""
     dropped_stale: int = 0
-    """Samples dropped as too stale (see dynres.runtime.queue)."""
+    """Samples dropped as too stale (see dynres.runtime.loop.queue)."""
     failed: int = 0
     """Samples lost because a request failed on every replica it tried."""
     duplicates: int = 0

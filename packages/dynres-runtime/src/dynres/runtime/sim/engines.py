@@ -1,6 +1,6 @@
 """The ``sim`` backend: a replica and a train engine whose operations take modelled time.
 
-Both implement the protocols of :mod:`dynres.runtime.backends.protocols` and only ever wait with
+Both implement the protocols of :mod:`dynres.runtime.protocols` and only ever wait with
 asyncio primitives on the running loop's clock, so on the simulator's virtual-time loop a
 6-hour run takes seconds, while on an ordinary loop they behave like slow real engines (handy in
 tests of the runtime).
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dynres.core.errors import BackendError, ReplicaUnavailableError
-from dynres.runtime.backends.protocols import (
+from dynres.runtime.protocols import (
     GenerationRequest,
     GenerationResult,
     OperationCosts,

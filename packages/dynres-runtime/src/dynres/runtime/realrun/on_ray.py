@@ -36,7 +36,7 @@ class CoordinatorActor:
 
     async def run(self, build: Factory, standalone: Sequence[Any], hybrid: Sequence[Any], train_engine: Any) -> Any:
         """Build the RunSpec with ``build(standalone=, hybrid=, train_engine=, progress=)`` and run it."""
-        from dynres.runtime.run import FullyAsyncRun
+        from dynres.runtime.loop.run import FullyAsyncRun
 
         if self._task is not None:
             raise RuntimeStateError("this coordinator already ran; start a new one for another run")

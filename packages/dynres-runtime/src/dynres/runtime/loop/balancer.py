@@ -27,9 +27,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from dynres.core.errors import BackendError, ReplicaUnavailableError, RuntimeStateError
-from dynres.runtime.backends.protocols import GenerationRequest, GenerationResult, Replica
+from dynres.runtime.protocols import GenerationRequest, GenerationResult, Replica
 
-logger = logging.getLogger("dynres.runtime.balancer")
+logger = logging.getLogger("dynres.runtime.loop.balancer")
 
 
 @dataclass

@@ -24,10 +24,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from dynres.core import ScheduleContext
-from dynres.runtime.balancer import LoadBalancer
-from dynres.runtime.controller import Controller
-from dynres.runtime.queue import MessageQueue
-from dynres.runtime.rollouter import Rollouter
+from dynres.runtime.loop.balancer import LoadBalancer
+from dynres.runtime.loop.controller import Controller
+from dynres.runtime.loop.queue import MessageQueue
+from dynres.runtime.loop.rollouter import Rollouter
 
 
 @dataclass

@@ -44,11 +44,11 @@ from dataclasses import dataclass
 import pluggy
 
 from dynres.core.errors import BackendError, RuntimeStateError
-from dynres.runtime.backends.protocols import Replica, TrainEngine, WeightUpdate
-from dynres.runtime.balancer import LoadBalancer
-from dynres.runtime.ops import OpRunner
+from dynres.runtime.protocols import Replica, TrainEngine, WeightUpdate
+from dynres.runtime.loop.balancer import LoadBalancer
+from dynres.runtime.loop.ops import OpRunner
 
-logger = logging.getLogger("dynres.runtime.controller")
+logger = logging.getLogger("dynres.runtime.loop.controller")
 
 
 class ControllerState(str, enum.Enum):

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from dynres.core.errors import BackendError, BackendTimeoutError
 
-logger = logging.getLogger("dynres.runtime.ops")
+logger = logging.getLogger("dynres.runtime.loop.ops")
 
 T = TypeVar("T")
 

@@ -27,7 +27,7 @@ from typing import Any
 from dynres.core.errors import RuntimeStateError
 from dynres.runtime.samples import Sample
 
-logger = logging.getLogger("dynres.runtime.queue")
+logger = logging.getLogger("dynres.runtime.loop.queue")
 
 
 def default_max_staleness_versions(staleness_threshold: float) -> int:

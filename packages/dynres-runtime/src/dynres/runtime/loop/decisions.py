@@ -40,9 +40,9 @@ from typing import Any
 import pluggy
 
 from dynres.core import BoundPolicy, ScheduleContext
-from dynres.runtime.clock import wall
+from dynres.runtime.loop.clock import wall
 
-logger = logging.getLogger("dynres.runtime.decisions")
+logger = logging.getLogger("dynres.runtime.loop.decisions")
 
 BOOL_DECISIONS = ("should_deactivate", "should_activate_after_step", "should_rebalance")
 """Decisions whose answer must be a bool."""

@@ -29,12 +29,12 @@ from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, It
 from dataclasses import dataclass
 
 from dynres.core.metrics import RolloutPoint, rollout_capacity
-from dynres.runtime.backends.protocols import GenerationRequest, GenerationResult
-from dynres.runtime.balancer import LoadBalancer
-from dynres.runtime.queue import MessageQueue
+from dynres.runtime.protocols import GenerationRequest, GenerationResult
+from dynres.runtime.loop.balancer import LoadBalancer
+from dynres.runtime.loop.queue import MessageQueue
 from dynres.runtime.samples import PromptGroup, Sample
 
-logger = logging.getLogger("dynres.runtime.rollouter")
+logger = logging.getLogger("dynres.runtime.loop.rollouter")
 
 PromptSource = Iterable[PromptGroup] | AsyncIterable[PromptGroup]
 """What a run reads prompt groups from: any iterable or async iterable of PromptGroup."""

@@ -1,0 +1,640 @@
+"""Fake backends: a replica and a train engine that only ``asyncio.sleep``.
+
+Both work on a real and on a virtual-time event loop, take a configurable latency per
+operation, can be told to fail or hang on any operation, and append every operation to an op
+log (:class:`OpRecord`, with loop timestamps) so tests can assert the order of events across
+replicas and the trainer. They also record *violations*: calls that a real engine would reject
+or that would corrupt a run (generate on a sleeping replica, sleep with requests in flight,
+loading weights into a replica whose weights are offloaded, training while offloaded). Tests
+assert that no violation happened.
+
+A :class:`FakeReplica` produces ``tokens_per_s`` tokens per second per request. Token ``i`` of a
+response has id ``i``, so a response resumed after an abort ends with exactly the same tokens
+as one that was never interrupted: ``range(0, length)``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from dynres.core.errors import BackendError
+from dynres.runtime.protocols import (
+    GenerationRequest,
+    GenerationResult,
+    OperationCosts,
+    ReplicaHealth,
+    ReplicaKind,
+    TrainStepResult,
+    WeightUpdate,
+)
+
+REPLICA_OPS: tuple[str, ...] = (
+    "generate",
+    "abort",
+    "pause",
+    "resume",
+    "sleep",
+    "wake_up",
+    "update_weights",
+    "health",
+    "shutdown",
+)
+"""Operations of a fake replica that accept a latency, a failure or a hang."""
+
+TRAIN_OPS: tuple[str, ...] = ("train_step", "offload", "onload", "export_weights", "shutdown")
+"""Operations of a fake train engine that accept a latency, a failure or a hang."""
+
+
+@dataclass(frozen=True)
+class OpRecord:
+    """One entry of an op log."""
+
+    t: float
+    """Event-loop time of the event (seconds)."""
+    target: str
+    """Replica id, or ``"trainer"``."""
+    op: str
+    """Operation name (``generate``, ``abort``, ``sleep``, ...)."""
+    event: Literal["start", "end", "error"]
+    """Start of the call, its normal end, or its end by an exception."""
+    detail: str = ""
+    """Free text: request id, tags, version, error."""
+
+
+class LogRepeat(Sequence[float]):
+    """A cheap read-only sequence of ``n`` copies of one log-prob (fakes' per-token log-probs)."""
+
+    def __init__(self, n: int, value: float = -1.0) -> None:
+        """``n`` copies (count) of ``value`` (log-prob)."""
+        self._n = n
+        self._value = value
+
+    def __len__(self) -> int:
+        """Number of tokens (count)."""
+        return self._n
+
+    def __getitem__(self, i: Any) -> Any:
+        """The constant (or a list of them for a slice)."""
+        if isinstance(i, slice):
+            return [self._value] * len(range(*i.indices(self._n)))
+        if not -self._n <= i < self._n:
+            raise IndexError(i)
+        return self._value
+
+    def __iter__(self) -> Iterator[float]:
+        """Yield the constant ``n`` times."""
+        for _ in range(self._n):
+            yield self._value
+
+
+def _latency_map(latency: float | Mapping[str, float], ops: Sequence[str]) -> dict[str, float]:
+    if isinstance(latency, Mapping):
+        unknown = set(latency) - set(ops)
+        if unknown:
+            raise ValueError(f"unknown op(s) {sorted(unknown)} in latency; valid: {list(ops)}")
+        return {op: float(latency.get(op, 0.0)) for op in ops}
+    return {op: float(latency) for op in ops}
+
+
+class _FaultsMixin:
+    """Latency, failure and hang injection shared by both fakes."""
+
+    target: str
+    latency: dict[str, float]
+    fail_on: dict[str, BaseException | type[BaseException]]
+    hang_on: set[str]
+    log: list[OpRecord]
+    violations: list[str]
+
+    def _record(self, op: str, event: Literal["start", "end", "error"], detail: str = "") -> None:
+        self.log.append(OpRecord(asyncio.get_running_loop().time(), self.target, op, event, detail))
+
+    async def _enter(self, op: str, detail: str = "") -> None:
+        """Log the start, then apply the injected hang, failure and latency of ``op``."""
+        self._record(op, "start", detail)
+        if op in self.hang_on:
+            try:
+                await asyncio.Event().wait()  # forever; a caller's timeout cancels it
+            except asyncio.CancelledError:
+                self._record(op, "error", "cancelled while hanging")
+                raise
+        err = self.fail_on.get(op)
+        if err is not None:
+            exc = err(f"injected failure of {op} on {self.target}") if isinstance(err, type) else err
+            self._record(op, "error", repr(exc))
+            raise exc
+        delay = self.latency.get(op, 0.0)
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+    def ops(self, op: str | None = None, event: str | None = "start") -> list[OpRecord]:
+        """This fake's log entries, filtered by operation and event (None = any)."""
+        return [
+            r
+            for r in self.log
+            if r.target == self.target
+            and (op is None or r.op == op)
+            and (event is None or r.event == event)
+        ]
+
+
+class _Gen:
+    __slots__ = ("request", "produced", "target", "aborted", "wake")
+
+    def __init__(self, request: GenerationRequest, target: int) -> None:
+        self.request = request
+        self.produced = len(request.partial_token_ids)
+        self.target = target
+        self.aborted = False
+        self.wake = asyncio.Event()
+
+
+class FakeReplica(_FaultsMixin):
+    """An in-process inference replica with vLLM-like lifecycle rules, for tests and benchmarks."""
+
+    def __init__(
+        self,
+        replica_id: str,
+        kind: ReplicaKind | str = ReplicaKind.STANDALONE,
+        *,
+        latency: float | Mapping[str, float] = 0.0,
+        tokens_per_s: float = 1000.0,
+        response_tokens: int | Callable[[GenerationRequest], int] = 64,
+        fail_on: Mapping[str, BaseException | type[BaseException]] | None = None,
+        hang_on: Iterable[str] = (),
+        die_after_s: float | None = None,
+        asleep: bool | None = None,
+        manual: bool = False,
+        abort_chunk: int = 8,
+        log: list[OpRecord] | None = None,
+        log_generate: bool = True,
+    ) -> None:
+        """Build a replica.
+
+        :param replica_id: unique id.
+        :param kind: standalone or hybrid; a hybrid replica starts asleep unless ``asleep`` says.
+        :param latency: seconds per operation, one number or a mapping op -> seconds
+            (``generate`` latency is added before the first token).
+        :param tokens_per_s: tokens each request gains per second (tokens/s).
+        :param response_tokens: full length of a response (tokens), or a function of the request;
+            ``request.extra["response_tokens"]`` overrides it. Capped at ``max_tokens``.
+        :param fail_on: op -> exception (instance or class) raised at the start of that op.
+        :param hang_on: ops that never return (until cancelled).
+        :param die_after_s: the replica dies this many seconds after its first generate call
+            starts: running requests raise BackendError and so does every later call.
+        :param asleep: start asleep and paused (default: True for hybrid replicas).
+        :param manual: requests only progress through :meth:`advance` / :meth:`finish`.
+        :param abort_chunk: an abort wakes this many requests per event-loop iteration, the way a
+            real engine streams its abort outputs (keeps the loop responsive).
+        :param log: op log to append to (share one list between fakes to order across them).
+        :param log_generate: also log generate calls (turn off in benchmarks).
+        """
+        self.replica_id = replica_id
+        """Unique id."""
+        self.kind = ReplicaKind(kind)
+        """Standalone or hybrid."""
+        self.target = replica_id
+        self.latency = _latency_map(latency, REPLICA_OPS)
+        """Seconds per operation."""
+        self.tokens_per_s = float(tokens_per_s)
+        """Tokens per second per request."""
+        self.response_tokens = response_tokens
+        """Default response length (tokens) or a function of the request."""
+        self.fail_on = dict(fail_on or {})
+        """op -> exception raised at the start of that op (mutable during a test)."""
+        self.hang_on = set(hang_on)
+        """Ops that never return (mutable during a test)."""
+        self.die_after_s = die_after_s
+        """Seconds after the first generate at which the replica dies (None = never)."""
+        self.manual = manual
+        """Requests only progress through advance()/finish()."""
+        self.abort_chunk = max(1, abort_chunk)
+        """Requests woken per loop iteration by an abort (count)."""
+        self.log: list[OpRecord] = log if log is not None else []
+        """The op log."""
+        self.log_generate = log_generate
+        """Whether generate calls are logged."""
+        self.violations: list[str] = []
+        """Lifecycle rules broken by the caller (must stay empty)."""
+        start_asleep = self.kind is ReplicaKind.HYBRID if asleep is None else asleep
+        self.weights_loaded = not start_asleep
+        """Weights are on the GPU."""
+        self.kv_cache_allocated = not start_asleep
+        """KV cache is allocated."""
+        self.paused = start_asleep
+        """No tokens are scheduled (a sleeping replica stays paused until resume())."""
+        self.dead = False
+        """The replica died (every call raises)."""
+        self.weight_version = 0
+        """Version of the loaded weights (-1 after sleep level 2 discarded them)."""
+        self.completed: list[str] = []
+        """Request ids finished (stop/length) by this replica, in order."""
+        self.resumed_with: dict[str, int] = {}
+        """request id -> partial tokens it carried when it arrived here (only if > 0)."""
+        self._gens: dict[str, _Gen] = {}
+        self._death_armed = False
+
+    # ---- Convenience --------------------------------------------------------------------
+
+    @property
+    def sleeping(self) -> bool:
+        """True while weights or KV cache are released."""
+        return not (self.weights_loaded and self.kv_cache_allocated)
+
+    @property
+    def in_flight_ids(self) -> list[str]:
+        """Ids of requests running here now."""
+        return list(self._gens)
+
+    def kill(self) -> None:
+        """Die now: running requests raise BackendError, later calls too."""
+        self.dead = True
+        for g in self._gens.values():
+            g.wake.set()
+
+    def advance(self, request_id: str, tokens: int = 1) -> None:
+        """Manual mode: give ``request_id`` ``tokens`` more tokens (finishes it at its length)."""
+        g = self._gens[request_id]
+        g.produced = min(g.target, g.produced + tokens)
+        g.wake.set()
+
+    def finish(self, request_id: str) -> None:
+        """Manual mode: finish ``request_id`` now."""
+        g = self._gens[request_id]
+        g.produced = g.target
+        g.wake.set()
+
+    def _target_len(self, req: GenerationRequest) -> int:
+        n = req.extra.get("response_tokens")
+        if n is None:
+            n = self.response_tokens(req) if callable(self.response_tokens) else self.response_tokens
+        return max(1, min(int(n), req.max_tokens))
+
+    def _check_alive(self, op: str) -> None:
+        if self.dead:
+            self._record(op, "error", "replica is dead")
+            raise BackendError(f"replica {self.replica_id!r} is dead; {op} failed")
+
+    def _arm_death(self) -> None:
+        if self.die_after_s is not None and not self._death_armed:
+            self._death_armed = True
+            asyncio.get_running_loop().call_later(self.die_after_s, self.kill)
+
+    # ---- Replica protocol ------------------------------------------------------------------
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        """Produce tokens at ``tokens_per_s`` until the response length, an abort or death."""
+        rid = request.request_id
+        partial = len(request.partial_token_ids)
+        if self.log_generate:
+            self._record("generate", "start", f"{rid} partial={partial}")
+        self._check_alive("generate")
+        self._arm_death()
+        if self.sleeping:
+            self.violations.append(f"generate({rid}) on sleeping replica {self.replica_id}")
+            raise BackendError(f"replica {self.replica_id!r} is asleep; it cannot generate {rid}")
+        if rid in self._gens:
+            self.violations.append(f"generate({rid}) while it already runs on {self.replica_id}")
+        if partial:
+            self.resumed_with[rid] = partial
+        gen = _Gen(request, self._target_len(request))
+        self._gens[rid] = gen
+        loop = asyncio.get_running_loop()
+        try:
+            delay = self.latency["generate"]
+            if delay > 0:
+                await asyncio.sleep(delay)
+            while True:
+                if self.dead:
+                    raise BackendError(f"replica {self.replica_id!r} died while generating {rid}")
+                if gen.aborted:
+                    return self._result(gen, "abort")
+                if gen.produced >= gen.target:
+                    reason = "length" if gen.target >= request.max_tokens else "stop"
+                    self.completed.append(rid)
+                    return self._result(gen, reason)
+                gen.wake.clear()
+                if self.paused or self.manual:
+                    await gen.wake.wait()
+                    continue
+                remaining_s = (gen.target - gen.produced) / self.tokens_per_s
+                t0 = loop.time()
+                # The timer is left to fire even when something else woke the request first:
+                # cancelling thousands of timers at once (an abort) makes asyncio rebuild its
+                # timer heap inside one loop iteration. A late timer only sets a stale event.
+                loop.call_later(remaining_s, gen.wake.set)
+                await gen.wake.wait()
+                elapsed = loop.time() - t0
+                # Tolerances: on a virtual clock t0 + d - t0 can come out a hair below d.
+                if elapsed + 1e-9 >= remaining_s:
+                    gen.produced = gen.target
+                else:
+                    gained = int(elapsed * self.tokens_per_s + 1e-6)
+                    gen.produced = min(gen.target, gen.produced + gained)
+        finally:
+            del self._gens[rid]
+            if self.log_generate:
+                self._record("generate", "end", f"{rid} tokens={gen.produced}")
+
+    def _result(self, gen: _Gen, reason: Literal["stop", "length", "abort"]) -> GenerationResult:
+        return GenerationResult(
+            request_id=gen.request.request_id,
+            token_ids=range(gen.produced),
+            logprobs=LogRepeat(gen.produced),
+            finish_reason=reason,
+            replica_id=self.replica_id,
+            weight_version=self.weight_version,
+        )
+
+    async def abort(self, request_ids: Sequence[str] | None = None) -> list[str]:
+        """Abort the given requests (None = all); they return their partial output."""
+        self._check_alive("abort")
+        await self._enter("abort", "all" if request_ids is None else f"{len(request_ids)} requests")
+        ids = list(self._gens) if request_ids is None else [r for r in request_ids if r in self._gens]
+        for i, rid in enumerate(ids):
+            g = self._gens.get(rid)
+            if g is not None:
+                g.aborted = True
+                g.wake.set()
+            if (i + 1) % self.abort_chunk == 0:
+                await asyncio.sleep(0)
+        self._record("abort", "end", f"{len(ids)} aborted")
+        return ids
+
+    async def pause(self) -> None:
+        """Stop scheduling tokens; requests are kept."""
+        self._check_alive("pause")
+        await self._enter("pause")
+        self.paused = True
+        for g in self._gens.values():
+            g.wake.set()
+        self._record("pause", "end")
+
+    async def resume(self) -> None:
+        """Schedule tokens again (only valid when awake)."""
+        self._check_alive("resume")
+        await self._enter("resume")
+        if self.sleeping:
+            self.violations.append(f"resume on sleeping replica {self.replica_id}")
+        self.paused = False
+        for g in self._gens.values():
+            g.wake.set()
+        self._record("resume", "end")
+
+    async def sleep(self, level: int = 1) -> None:
+        """Release KV cache and offload weights (level 2: discard them); stays paused."""
+        self._check_alive("sleep")
+        await self._enter("sleep", f"level={level}")
+        if self._gens:
+            self.violations.append(
+                f"sleep on {self.replica_id} with {len(self._gens)} requests in flight"
+            )
+            for g in self._gens.values():
+                g.aborted = True
+                g.wake.set()
+        self.paused = True
+        self.weights_loaded = False
+        self.kv_cache_allocated = False
+        if level >= 2:
+            self.weight_version = -1
+        self._record("sleep", "end", f"level={level}")
+
+    async def wake_up(self, tags: Sequence[str] | None = None) -> None:
+        """Reallocate ``tags`` (``weights``, ``kv_cache``; None = both); stays paused."""
+        self._check_alive("wake_up")
+        tagset = {"weights", "kv_cache"} if tags is None else set(tags)
+        await self._enter("wake_up", ",".join(sorted(tagset)))
+        if "weights" in tagset:
+            self.weights_loaded = True
+        if "kv_cache" in tagset:
+            self.kv_cache_allocated = True
+        self._record("wake_up", "end", ",".join(sorted(tagset)))
+
+    async def update_weights(self, update: WeightUpdate) -> None:
+        """Load weight version ``update.version`` (the weights must be awake)."""
+        self._check_alive("update_weights")
+        await self._enter("update_weights", f"version={update.version}")
+        if not self.weights_loaded:
+            self.violations.append(
+                f"update_weights(v{update.version}) on {self.replica_id} with weights offloaded"
+            )
+        self.weight_version = update.version
+        self._record("update_weights", "end", f"version={update.version}")
+
+    async def health(self) -> ReplicaHealth:
+        """Report liveness, in-flight count and sleep state."""
+        await self._enter("health")
+        return ReplicaHealth(
+            healthy=not self.dead,
+            in_flight=len(self._gens),
+            sleeping=self.sleeping,
+            detail="dead" if self.dead else "",
+        )
+
+    def costs(self) -> OperationCosts:
+        """The configured latencies as cost estimates (seconds)."""
+        lat = self.latency
+        return OperationCosts(
+            sleep_s=lat["sleep"],
+            wake_up_s=lat["wake_up"],
+            abort_s=lat["abort"],
+            update_weights_s=lat["update_weights"],
+        )
+
+    async def shutdown(self) -> None:
+        """Abort everything and stop."""
+        await self._enter("shutdown")
+        for g in self._gens.values():
+            g.aborted = True
+            g.wake.set()
+        self._record("shutdown", "end")
+
+
+class FakeTrainEngine(_FaultsMixin):
+    """An in-process train engine: fit steps take the configured phase times."""
+
+    def __init__(
+        self,
+        *,
+        phase_times: Mapping[str, float] | None = None,
+        per_sample_s: float = 0.0,
+        latency: float | Mapping[str, float] = 0.0,
+        fail_on: Mapping[str, BaseException | type[BaseException]] | None = None,
+        hang_on: Iterable[str] = (),
+        log: list[OpRecord] | None = None,
+        weights_nbytes: int = 0,
+    ) -> None:
+        """Build a train engine.
+
+        :param phase_times: seconds per phase of one fit step (default ``update_actor``: 1.0);
+            a fit step sleeps for their sum.
+        :param per_sample_s: extra ``update_actor`` seconds per sample in the batch.
+        :param latency: seconds for ``offload``, ``onload``, ``export_weights`` (one number or
+            a mapping); ``train_step`` uses ``phase_times`` instead.
+        :param fail_on: op -> exception raised at the start of that op.
+        :param hang_on: ops that never return (until cancelled).
+        :param log: op log to append to.
+        :param weights_nbytes: size reported by exported weight updates (bytes).
+        """
+        self.target = "trainer"
+        self.phase_times = dict(phase_times if phase_times is not None else {"update_actor": 1.0})
+        """Seconds per phase of one fit step."""
+        self.per_sample_s = per_sample_s
+        """Extra update_actor seconds per sample (seconds/sample)."""
+        self.latency = _latency_map(latency, TRAIN_OPS)
+        """Seconds per operation."""
+        self.latency["train_step"] = 0.0
+        self.fail_on = dict(fail_on or {})
+        """op -> exception raised at the start of that op."""
+        self.hang_on = set(hang_on)
+        """Ops that never return."""
+        self.log: list[OpRecord] = log if log is not None else []
+        """The op log."""
+        self.violations: list[str] = []
+        """Lifecycle rules broken by the caller (must stay empty)."""
+        self.offloaded = False
+        """Parameters and optimizer state are off the GPU."""
+        self.steps = 0
+        """Fit steps run (count)."""
+        self.exports = 0
+        """Weight exports (count)."""
+        self.batches: list[list[Any]] = []
+        """Every batch trained on, in order."""
+        self.weights_nbytes = weights_nbytes
+
+    async def train_step(self, batch: Sequence[Any]) -> TrainStepResult:
+        """Sleep for the phase times and report them."""
+        await self._enter("train_step", f"{len(batch)} samples")
+        if self.offloaded:
+            self.violations.append(f"train_step {self.steps + 1} while offloaded")
+        phases = dict(self.phase_times)
+        if self.per_sample_s:
+            phases["update_actor"] = phases.get("update_actor", 0.0) + self.per_sample_s * len(batch)
+        total = sum(phases.values())
+        if total > 0:
+            await asyncio.sleep(total)
+        self.steps += 1
+        self.batches.append(list(batch))
+        self._record("train_step", "end", f"step={self.steps}")
+        return TrainStepResult(phase_times=phases, metrics={"samples": float(len(batch))})
+
+    async def offload(self) -> None:
+        """Free the GPU for hybrid replicas."""
+        await self._enter("offload")
+        self.offloaded = True
+        self._record("offload", "end")
+
+    async def onload(self) -> None:
+        """Take the GPU back."""
+        await self._enter("onload")
+        self.offloaded = False
+        self._record("onload", "end")
+
+    async def export_weights(self) -> WeightUpdate:
+        """Export the current weights (version = exports so far + 1)."""
+        await self._enter("export_weights")
+        self.exports += 1
+        self._record("export_weights", "end", f"version={self.exports}")
+        return WeightUpdate(version=self.exports, nbytes=self.weights_nbytes)
+
+    def costs(self) -> OperationCosts:
+        """The configured latencies as cost estimates (seconds)."""
+        lat = self.latency
+        return OperationCosts(
+            offload_s=lat["offload"], onload_s=lat["onload"], export_weights_s=lat["export_weights"]
+        )
+
+    async def shutdown(self) -> None:
+        """Nothing to release."""
+        await self._enter("shutdown")
+        self._record("shutdown", "end")
+
+
+def fake_prompts(
+    count: int | None = None,
+    *,
+    n: int = 1,
+    prompt_tokens: int = 16,
+    max_tokens: int = 1024,
+    response_tokens: int | Callable[[int], int] | None = None,
+    prefix: str = "p",
+) -> Iterator[Any]:
+    """Yield PromptGroups ``p0, p1, ...`` (endless when ``count`` is None).
+
+    :param count: groups to yield (None = endless).
+    :param n: responses per group (count).
+    :param prompt_tokens: prompt length (tokens).
+    :param max_tokens: response token limit (tokens).
+    :param response_tokens: response length for fakes (tokens), or a function of the group
+        index; None lets each FakeReplica use its own default.
+    :param prefix: sample id prefix.
+    """
+    from itertools import count as _count
+
+    from dynres.runtime.samples import PromptGroup
+
+    indices = _count() if count is None else range(count)
+    for i in indices:
+        extra: dict[str, Any] = {}
+        if response_tokens is not None:
+            extra["response_tokens"] = response_tokens(i) if callable(response_tokens) else response_tokens
+        yield PromptGroup(
+            sample_id=f"{prefix}{i}",
+            prompt_token_ids=range(prompt_tokens),
+            n=n,
+            max_tokens=max_tokens,
+            extra=extra,
+        )
+
+
+class FakeCluster:
+    """Standalone and hybrid fake replicas plus a fake trainer sharing one op log."""
+
+    def __init__(
+        self,
+        n_standalone: int = 2,
+        n_hybrid: int = 2,
+        *,
+        tokens_per_s: float = 2000.0,
+        response_tokens: int | Callable[[GenerationRequest], int] = 20,
+        latency: float | Mapping[str, float] = 0.0,
+        phase_times: Mapping[str, float] | None = None,
+        train_latency: float | Mapping[str, float] = 0.0,
+        log_generate: bool = True,
+    ) -> None:
+        """Build ``n_standalone`` standalone (``s0``...) and ``n_hybrid`` hybrid (``h0``...) replicas.
+
+        Replica arguments (tokens/s, response tokens, latency in seconds) apply to all replicas;
+        ``phase_times`` (seconds per phase) and ``train_latency`` (seconds) to the trainer.
+        """
+        self.log: list[OpRecord] = []
+        """The shared op log."""
+        kw: dict[str, Any] = {
+            "tokens_per_s": tokens_per_s,
+            "response_tokens": response_tokens,
+            "latency": latency,
+            "log": self.log,
+            "log_generate": log_generate,
+        }
+        self.standalone = [FakeReplica(f"s{i}", ReplicaKind.STANDALONE, **kw) for i in range(n_standalone)]
+        """Standalone replicas."""
+        self.hybrid = [FakeReplica(f"h{i}", ReplicaKind.HYBRID, **kw) for i in range(n_hybrid)]
+        """Hybrid replicas (start asleep)."""
+        self.engine = FakeTrainEngine(
+            phase_times=phase_times if phase_times is not None else {"update_actor": 0.005},
+            latency=train_latency,
+            log=self.log,
+        )
+        """The fake trainer."""
+
+    @property
+    def replicas(self) -> list[FakeReplica]:
+        """All replicas, standalone first."""
+        return [*self.standalone, *self.hybrid]
+
+    def violations(self) -> list[str]:
+        """Every lifecycle violation recorded by any fake (must be empty)."""
+        return [v for r in self.replicas for v in r.violations] + self.engine.violations
