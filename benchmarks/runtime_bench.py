@@ -24,11 +24,11 @@ import statistics
 import sys
 import time
 
-from dynres.runtime.protocols import GenerationRequest, WeightUpdate
+from dynres.runtime.backends.fake import FakeReplica, FakeTrainEngine
 from dynres.runtime.loop.balancer import LoadBalancer
 from dynres.runtime.loop.controller import Controller
 from dynres.runtime.loop.ops import OpRunner
-from dynres.runtime.backends.fake import FakeReplica, FakeTrainEngine
+from dynres.runtime.protocols import GenerationRequest, WeightUpdate
 
 OP_LATENCY_S = 0.1
 
@@ -107,8 +107,7 @@ async def lag_during_deactivation(
     ctl = _controller(lb, hybrid, engine)
     await ctl.activate(WeightUpdate(1))
     tasks = [
-        asyncio.create_task(lb.generate(GenerationRequest(f"q{i}", f"q{i}", range(8), 2000)))
-        for i in range(in_flight)
+        asyncio.create_task(lb.generate(GenerationRequest(f"q{i}", f"q{i}", range(8), 2000))) for i in range(in_flight)
     ]
     while lb.total_in_flight < in_flight:
         await asyncio.sleep(0.01)
@@ -168,16 +167,22 @@ def main() -> int:
     print(f"  64 vs 1 replica: {ratio:.3f}x   target <= 1.2x   {verdict(ratio <= 1.2)}")
     print()
     rate = statistics.median(routing_rate() for _ in range(args.repeat))
-    print(f"routing, 10,000 in flight on 64 replicas: {rate:,.0f} decisions/s   target >= 100,000/s   "
-          f"{verdict(rate >= 100_000)}")
+    print(
+        f"routing, 10,000 in flight on 64 replicas: {rate:,.0f} decisions/s   target >= 100,000/s   "
+        f"{verdict(rate >= 100_000)}"
+    )
     print()
     lag, dt, moved = asyncio.run(lag_during_deactivation())
-    print(f"deactivation under load (10,000 in flight, 8 standalone + 8 hybrid, {moved} requests moved): "
-          f"{dt * 1000:.1f} ms")
+    print(
+        f"deactivation under load (10,000 in flight, 8 standalone + 8 hybrid, {moved} requests moved): "
+        f"{dt * 1000:.1f} ms"
+    )
     print(f"  largest event-loop lag: {lag * 1000:.2f} ms   target < 10 ms   {verdict(lag < 0.010)}")
     raw_lag, _, _ = asyncio.run(lag_during_deactivation(freeze_gc=False))
-    print(f"  (for information: {raw_lag * 1000:.2f} ms without gc.freeze(), where a full garbage "
-          "collection of the 10,000 requests' objects may land in the window)")
+    print(
+        f"  (for information: {raw_lag * 1000:.2f} ms without gc.freeze(), where a full garbage "
+        "collection of the 10,000 requests' objects may land in the window)"
+    )
     print()
     print("ALL PASS" if ok else "SOME TARGETS MISSED")
     return 0 if ok else 1

@@ -46,7 +46,10 @@ def main() -> None:
             f"{r.end_to_end_s / wall:15.0f} {requests:9d}"
         )
     cpu = time.process_time() - cpu0
-    print(f"total wall {total_wall:.2f} s for {len(presets)} runs (process CPU {cpu:.2f} s, {os.cpu_count()} cores visible)")
+    print(
+        f"total wall {total_wall:.2f} s for {len(presets)} runs "
+        f"(process CPU {cpu:.2f} s, {os.cpu_count()} cores visible)"
+    )
 
 
 if __name__ == "__main__":

@@ -81,14 +81,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    head = (f"{'policy':<20} {'end-to-end s':>12} {'cycle s':>8} {'act/deact':>9} {'wait s':>7} "
-            f"{'util':>5} {'reward(last3)':>13} {'wall s':>7}")
+    head = (
+        f"{'policy':<20} {'end-to-end s':>12} {'cycle s':>8} {'act/deact':>9} {'wait s':>7} "
+        f"{'util':>5} {'reward(last3)':>13} {'wall s':>7}"
+    )
     print(head)
     print("-" * len(head))
     for r in rows:
-        print(f"{r['policy']:<20} {r['end_to_end_s']:>12.2f} {r['mean_cycle_s']:>8.2f} "
-              f"{r['activations']:>4}/{r['deactivations']:<4} {r['wait_s']:>7.2f} {r['utilization']:>5.2f} "
-              f"{r['reward_last3']:>13.3f} {r['wall_s']:>7.1f}")
+        print(
+            f"{r['policy']:<20} {r['end_to_end_s']:>12.2f} {r['mean_cycle_s']:>8.2f} "
+            f"{r['activations']:>4}/{r['deactivations']:<4} {r['wait_s']:>7.2f} {r['utilization']:>5.2f} "
+            f"{r['reward_last3']:>13.3f} {r['wall_s']:>7.1f}"
+        )
     if len(rows) == 2:
         a, b = rows
         change = (b["end_to_end_s"] - a["end_to_end_s"]) / a["end_to_end_s"] * 100

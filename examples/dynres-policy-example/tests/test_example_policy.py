@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from dynres_policy_example import ExamplePolicy
 
 from dynres.core.errors import PolicyParamsError
 from dynres.testkit.checks import parametrize_with_checks
 from dynres.testkit.strategies import sample_context
-from dynres_policy_example import ExamplePolicy
 
 
 def test_waits_for_the_floor():

@@ -71,9 +71,7 @@ def make_dist(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Calla
             written.append(real[short])
         info = root / f"{re.sub(r'[-_.]+', '_', name)}-{version}.dist-info"
         info.mkdir()
-        (info / "METADATA").write_text(
-            f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n", encoding="utf-8"
-        )
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n", encoding="utf-8")
         lines = []
         for group, eps in (("dynres.policies", policies), ("dynres.plugins", plugins)):
             if eps:

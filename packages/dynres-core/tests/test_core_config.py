@@ -38,8 +38,12 @@ def test_verl_keys_are_accepted_unchanged():
             },
             "actor_rollout_ref": {
                 "actor": {"ppo_mini_batch_size": 16},
-                "rollout": {"gpu_memory_utilization": 0.4, "standalone_gpu_memory_utilization": 0.8,
-                            "tensor_model_parallel_size": 2, "n": 8},
+                "rollout": {
+                    "gpu_memory_utilization": 0.4,
+                    "standalone_gpu_memory_utilization": 0.8,
+                    "tensor_model_parallel_size": 2,
+                    "n": 8,
+                },
             },
             "rollout": {"nnodes": 3, "n_gpus_per_node": 8},
             "trainer": {"nnodes": 1, "n_gpus_per_node": 8},
@@ -60,11 +64,14 @@ def test_no_hybrid_replicas_without_dynamic_scheduling():
 @pytest.mark.parametrize(
     ("data", "expected"),
     [
-        ({"async_training": {"stalenes_threshold": 0.2}},
-         "unknown key 'async_training.stalenes_threshold' (did you mean 'staleness_threshold'?)"),
-        ({"actor_rollout_ref": {"rollout": {"gpu_memory_utilisation": 0.5}}},
-         "unknown key 'actor_rollout_ref.rollout.gpu_memory_utilisation' "
-         "(did you mean 'gpu_memory_utilization'?)"),
+        (
+            {"async_training": {"stalenes_threshold": 0.2}},
+            "unknown key 'async_training.stalenes_threshold' (did you mean 'staleness_threshold'?)",
+        ),
+        (
+            {"actor_rollout_ref": {"rollout": {"gpu_memory_utilisation": 0.5}}},
+            "unknown key 'actor_rollout_ref.rollout.gpu_memory_utilisation' (did you mean 'gpu_memory_utilization'?)",
+        ),
         ({"asynctraining": {}}, "unknown key 'asynctraining' (did you mean 'async_training'?)"),
         ({"trainer": {"nnode": 2}}, "unknown key 'trainer.nnode' (did you mean 'nnodes'?)"),
     ],
@@ -139,8 +146,7 @@ def test_gpu_counts_must_divide_by_tensor_parallel_size():
     with pytest.raises(ConfigError, match="rollout has 8 GPUs, not a multiple of .*=3"):
         load_config(tp3)
     with pytest.raises(ConfigError, match="trainer has 8 GPUs"):
-        load_config({**tp3, "rollout": {"nnodes": 0},
-                     "async_training": {"use_dynamic_resource_scheduling": True}})
+        load_config({**tp3, "rollout": {"nnodes": 0}, "async_training": {"use_dynamic_resource_scheduling": True}})
 
 
 def test_standalone_memory_falls_back_to_gpu_memory_utilization():
@@ -148,8 +154,9 @@ def test_standalone_memory_falls_back_to_gpu_memory_utilization():
     rollout = cfg.actor_rollout_ref.rollout
     assert rollout.standalone_gpu_memory_utilization is None
     assert rollout.effective_standalone_gpu_memory_utilization == 0.35
-    cfg = load_config({"actor_rollout_ref": {"rollout": {"gpu_memory_utilization": 0.35,
-                                                         "standalone_gpu_memory_utilization": 0.75}}})
+    cfg = load_config(
+        {"actor_rollout_ref": {"rollout": {"gpu_memory_utilization": 0.35, "standalone_gpu_memory_utilization": 0.75}}}
+    )
     assert cfg.actor_rollout_ref.rollout.effective_standalone_gpu_memory_utilization == 0.75
 
 
@@ -251,8 +258,7 @@ def test_explicit_policy_params_win_over_the_top_level_ratio():
 
 
 def test_policy_without_a_ratio_gets_none():
-    cfg = AsyncTrainingConfig(dynamic_schedule_deactivate_ratio=0.45,
-                              dynamic_schedule_policy_params={"other": 2})
+    cfg = AsyncTrainingConfig(dynamic_schedule_deactivate_ratio=0.45, dynamic_schedule_policy_params={"other": 2})
     assert policy_params_from_config(cfg, WithoutRatio.Params) == {"other": 2}
 
 

@@ -50,9 +50,7 @@ SECONDS_FIELDS = [
     ],
 )
 def test_step_required_and_buffer_samples(required, trigger, staleness, step_required, buffer):
-    ctx = make_ctx(
-        required_samples=required, trigger_parameter_sync_step=trigger, staleness_threshold=staleness
-    )
+    ctx = make_ctx(required_samples=required, trigger_parameter_sync_step=trigger, staleness_threshold=staleness)
     assert ctx.step_required_samples == step_required
     assert ctx.buffer_samples == buffer
 
@@ -64,9 +62,7 @@ def test_buffer_samples_uses_the_cycle_not_expected_samples():
     assert small.buffer_samples == large.buffer_samples == 16
 
 
-@pytest.mark.parametrize(
-    ("standalone", "hybrid", "only_hybrid"), [(0, 4, True), (1, 4, False), (3, 0, False)]
-)
+@pytest.mark.parametrize(("standalone", "hybrid", "only_hybrid"), [(0, 4, True), (1, 4, False), (3, 0, False)])
 def test_only_hybrid_means_no_standalone_replicas(standalone, hybrid, only_hybrid):
     ctx = make_ctx(num_standalone_replicas=standalone, num_hybrid_replicas=hybrid)
     assert ctx.only_hybrid is only_hybrid
@@ -104,11 +100,11 @@ def test_cycle_sizes_must_be_positive(field):
         make_ctx(**{field: 0})
 
 
-@pytest.mark.parametrize("field", ["required_samples", "trigger_parameter_sync_step",
-                                   "num_standalone_replicas", "num_hybrid_replicas"])
+@pytest.mark.parametrize(
+    "field", ["required_samples", "trigger_parameter_sync_step", "num_standalone_replicas", "num_hybrid_replicas"]
+)
 def test_cluster_shape_is_required(field):
-    fields = dict(required_samples=8, trigger_parameter_sync_step=4,
-                  num_standalone_replicas=2, num_hybrid_replicas=2)
+    fields = dict(required_samples=8, trigger_parameter_sync_step=4, num_standalone_replicas=2, num_hybrid_replicas=2)
     del fields[field]
     with pytest.raises(ValidationError, match=field):
         ScheduleContext(**fields)

@@ -69,8 +69,7 @@ def test_group_name_is_the_contract():
 
 
 def test_good_distribution_is_found_by_name(make_dist):
-    dist = make_dist("acme-policies", version="2.3", modules={"acme": GOOD},
-                     policies={"acme_ratio": "acme:AcmeRatio"})
+    dist = make_dist("acme-policies", version="2.3", modules={"acme": GOOD}, policies={"acme_ratio": "acme:AcmeRatio"})
     (entry,) = installed_policies()["acme_ratio"]
     assert (entry.distribution, entry.version) == ("acme-policies", "2.3")
     assert entry.value == f"{dist.module('acme')}:AcmeRatio"
@@ -138,8 +137,9 @@ def test_import_failure_names_the_distribution(make_dist):
 
 
 def test_exception_at_import_time_names_the_distribution(make_dist):
-    make_dist("acme-raises", modules={"boom": "raise RuntimeError('boom at import')\n"},
-              policies={"boom_policy": "boom:P"})
+    make_dist(
+        "acme-raises", modules={"boom": "raise RuntimeError('boom at import')\n"}, policies={"boom_policy": "boom:P"}
+    )
     with pytest.raises(PolicyImportError, match="'acme-raises'.*RuntimeError: boom at import"):
         load_policy("boom_policy")
 
@@ -228,8 +228,7 @@ def test_scan_is_cached_until_cleared(make_dist):
     make_dist("acme-policies", modules={"acme": GOOD}, policies={"acme_ratio": "acme:AcmeRatio"})
     assert "late_policy" not in installed_policies()
     # Written after the scan, as if installed while the process runs.
-    make_dist("acme-late", modules={"m": _named("late_policy")}, policies={"late_policy": "m:P"},
-              clear=False)
+    make_dist("acme-late", modules={"m": _named("late_policy")}, policies={"late_policy": "m:P"}, clear=False)
     assert "late_policy" not in installed_policies()
     with pytest.raises(PolicyNotFoundError):
         load_policy("late_policy")

@@ -46,8 +46,10 @@ def test_metric_keys_are_verls():
     [
         ({}, 0.0),
         ({"update_actor": 5.0}, 5.0),
-        ({"reward": 1, "old_log_prob": 2, "ref": 3, "values": 4, "adv": 5,
-          "update_critic": 6, "update_actor": 7}, 28.0),
+        (
+            {"reward": 1, "old_log_prob": 2, "ref": 3, "values": 4, "adv": 5, "update_critic": 6, "update_actor": 7},
+            28.0,
+        ),
         # param_sync, activation and waiting are allocated time, not compute
         ({"update_actor": 5.0, "param_sync": 3.0, "activate": 1.0, "wait": 9.0}, 5.0),
     ],
@@ -173,10 +175,20 @@ def test_cluster_utilization_edge_shapes():
 
 def test_cycle_metrics_end_to_end():
     steps = [
-        MicroStep(phase_times={"reward": 1.0, "old_log_prob": 2.0, "update_actor": 5.0, "param_sync": 3.0},
-                  allocated_s=12.0, wait_s=2.0, step_s=10.0, queue_size_after=5),
-        MicroStep(phase_times={"ref": 1.0, "values": 1.0, "adv": 0.5, "update_critic": 1.5},
-                  allocated_s=8.0, wait_s=1.0, step_s=2.0, queue_size_after=9),
+        MicroStep(
+            phase_times={"reward": 1.0, "old_log_prob": 2.0, "update_actor": 5.0, "param_sync": 3.0},
+            allocated_s=12.0,
+            wait_s=2.0,
+            step_s=10.0,
+            queue_size_after=5,
+        ),
+        MicroStep(
+            phase_times={"ref": 1.0, "values": 1.0, "adv": 0.5, "update_critic": 1.5},
+            allocated_s=8.0,
+            wait_s=1.0,
+            step_s=2.0,
+            queue_size_after=9,
+        ),
     ]
     points = [
         RolloutPoint(0.0, 10, 16),

@@ -12,7 +12,7 @@ from dynres.core.errors import PluginError, PolicyValidationError
 from dynres.core.hookspecs import DECISION_HOOKS, OBSERVER_HOOKS
 from dynres.core.plugins import DISABLE_AUTOLOAD_ENV, register_plugin
 
-OBSERVER_PLUGIN = '''
+OBSERVER_PLUGIN = """
 from dynres.core import hookimpl
 
 SEEN = []
@@ -21,7 +21,7 @@ SEEN = []
 @hookimpl
 def dynres_metrics_emitted(step, metrics):
     SEEN.append((step, dict(metrics)))
-'''
+"""
 
 
 class Recorder(Policy):
@@ -138,8 +138,7 @@ def test_wrong_argument_name_in_entry_point_plugin_is_named(make_dist):
 
 
 def test_plugin_import_failure_names_distribution_and_switch(make_dist):
-    make_dist("acme-crash", modules={"crash": "raise ImportError('no engine')\n"},
-              plugins={"acme_crash": "crash"})
+    make_dist("acme-crash", modules={"crash": "raise ImportError('no engine')\n"}, plugins={"acme_crash": "crash"})
     with pytest.raises(PluginError) as info:
         get_plugin_manager()
     msg = str(info.value)
@@ -196,8 +195,9 @@ def test_subset_of_arguments_is_accepted():
 
     pm = get_plugin_manager(load_plugins=False)
     register_plugin(pm, Partial(), name="partial")
-    pm.hook.dynres_decision_made(decision="should_deactivate", value=True, ctx=make_ctx(),
-                                 policy_name="x", fallback=False)
+    pm.hook.dynres_decision_made(
+        decision="should_deactivate", value=True, ctx=make_ctx(), policy_name="x", fallback=False
+    )
     assert seen == [("should_deactivate", False)]
 
 
@@ -343,14 +343,14 @@ def test_one_policy_per_manager():
 
 
 def test_default_manager_autoloads_plugins(make_dist):
-    source = '''
+    source = """
 from dynres.core import hookimpl
 
 
 @hookimpl
 def dynres_should_rebalance(ctx):
     return False
-'''
+"""
     make_dist("acme-norebalance", modules={"m": source}, plugins={"acme_norebalance": "m"})
     assert BoundPolicy(Recorder()).should_rebalance(make_ctx()) is False
 

@@ -49,9 +49,7 @@ class ReferenceDefault:
     def should_activate_after_step(self, ctx: ScheduleContext) -> bool:
         if ctx.only_hybrid:
             return True
-        gap = self.ratio * ctx.step_required_samples - (
-            ctx.total_generated_samples - ctx.expected_samples
-        )
+        gap = self.ratio * ctx.step_required_samples - (ctx.total_generated_samples - ctx.expected_samples)
         waited_s, waited_n = sum(ctx.step_wait_times), sum(ctx.step_wait_samples)
         if waited_s > 0 and waited_n > 0:
             self.per_sample_time_s = waited_s / waited_n
@@ -108,8 +106,7 @@ def contexts(
         trigger_parameter_sync_step=trigger,
         staleness_threshold=draw(st.floats(0.0, 1.0)),
         total_generated_samples=draw(
-            st.one_of(st.integers(max(0, expected - step_required), expected + step_required),
-                      st.integers(0, 100_000))
+            st.one_of(st.integers(max(0, expected - step_required), expected + step_required), st.integers(0, 100_000))
         ),
         expected_samples=expected,
         queue_size=draw(st.integers(0, 2 * step_required)),

@@ -20,9 +20,7 @@ approx = pytest.approx
 
 def with_state(ratio=0.3, switch_costs=(), per_sample_time_s=1000.0, **params) -> DefaultPolicy:
     policy = DefaultPolicy(params)
-    policy.load_state_dict(
-        {"ratio": ratio, "switch_costs": list(switch_costs), "per_sample_time_s": per_sample_time_s}
-    )
+    policy.load_state_dict({"ratio": ratio, "switch_costs": list(switch_costs), "per_sample_time_s": per_sample_time_s})
     return policy
 
 
@@ -106,8 +104,9 @@ GATE = [
 def test_activation_gate(state, surplus, times, samples, expected):
     ratio, costs, per_sample = state
     policy = with_state(ratio, costs, per_sample)
-    ctx = make_ctx(total_generated_samples=500 + surplus, expected_samples=500,
-                   step_wait_times=times, step_wait_samples=samples)
+    ctx = make_ctx(
+        total_generated_samples=500 + surplus, expected_samples=500, step_wait_times=times, step_wait_samples=samples
+    )
     reference = ReferenceDefault(ratio)
     reference.switch_costs = list(costs)
     reference.per_sample_time_s = per_sample
@@ -119,8 +118,9 @@ def test_switch_cost_window_keeps_the_last_three():
     policy = DefaultPolicy()
     durations = [(1.0, 3.0), (2.0, 6.0), (5.0, 7.0), (8.0, 12.0)]  # 4, 8, 12, 20 s
     for step, (act, deact) in enumerate(durations, start=1):
-        policy.update_after_step(make_ctx(global_steps=step, last_activate_duration_s=act,
-                                          last_deactivate_duration_s=deact))
+        policy.update_after_step(
+            make_ctx(global_steps=step, last_activate_duration_s=act, last_deactivate_duration_s=deact)
+        )
     assert policy.state_dict()["switch_costs"] == [8.0, 12.0, 20.0]
     assert policy.switch_cost() == approx(40.0 / 3)
 
@@ -183,8 +183,7 @@ def test_ratio_adaptation(start, samples, expected):
 
 
 def test_ratio_adaptation_uses_the_params():
-    policy = DefaultPolicy({"ratio_increase_min": 0.05, "ratio_increase_max": 0.2,
-                            "ratio_decrease_step": 0.1})
+    policy = DefaultPolicy({"ratio_increase_min": 0.05, "ratio_increase_max": 0.2, "ratio_decrease_step": 0.1})
     policy.update_after_step(make_ctx(step_wait_times=(1.0,), step_wait_samples=(1,)))
     assert policy.ratio == approx(0.35)
     policy.update_after_step(make_ctx(step_wait_times=(1.0,), step_wait_samples=(50,)))
@@ -195,8 +194,15 @@ def test_ratio_adaptation_uses_the_params():
 
 def test_skip_at_global_steps_zero():
     policy = DefaultPolicy()
-    policy.update_after_step(make_ctx(global_steps=0, step_wait_times=(4.0,), step_wait_samples=(10,),
-                                      last_activate_duration_s=3.0, last_deactivate_duration_s=4.0))
+    policy.update_after_step(
+        make_ctx(
+            global_steps=0,
+            step_wait_times=(4.0,),
+            step_wait_samples=(10,),
+            last_activate_duration_s=3.0,
+            last_deactivate_duration_s=4.0,
+        )
+    )
     assert policy.ratio == 0.3
     assert policy.state_dict()["switch_costs"] == []
     # The reference's gate stores the estimate at step 0 too, so ours keeps it (parity).
@@ -221,8 +227,11 @@ def test_only_hybrid_does_not_adapt():
     policy = DefaultPolicy()
     before = policy.state_dict()
     for step in range(1, 5):
-        policy.update_after_step(only_hybrid(global_steps=step, step_wait_times=(5.0,),
-                                             step_wait_samples=(10,), last_activate_duration_s=2.0))
+        policy.update_after_step(
+            only_hybrid(
+                global_steps=step, step_wait_times=(5.0,), step_wait_samples=(10,), last_activate_duration_s=2.0
+            )
+        )
         policy.update_after_step(only_hybrid(global_steps=step))
     assert policy.state_dict() == before
 
@@ -269,8 +278,9 @@ def test_difference_1_floor_is_a_param():
 
 def test_difference_2_decisions_are_side_effect_free():
     ours, reference = DefaultPolicy(), ReferenceDefault()
-    waited = make_ctx(total_generated_samples=509, expected_samples=500,
-                      step_wait_times=(2.0, 3.0), step_wait_samples=(4, 6))
+    waited = make_ctx(
+        total_generated_samples=509, expected_samples=500, step_wait_times=(2.0, 3.0), step_wait_samples=(4, 6)
+    )
     before = ours.state_dict()
     for _ in range(3):
         assert ours.should_deactivate(waited) is False
@@ -303,11 +313,15 @@ def test_difference_2_call_order_gives_the_reference_values():
 def test_difference_3_state_round_trip_through_json_gives_identical_decisions():
     trained = DefaultPolicy({"deactivate_ratio": 0.4})
     history = [
-        make_ctx(global_steps=1, step_wait_times=(3.0, 1.0), step_wait_samples=(6, 2),
-                 last_activate_duration_s=4.0, last_deactivate_duration_s=2.0),
+        make_ctx(
+            global_steps=1,
+            step_wait_times=(3.0, 1.0),
+            step_wait_samples=(6, 2),
+            last_activate_duration_s=4.0,
+            last_deactivate_duration_s=2.0,
+        ),
         make_ctx(global_steps=2, last_activate_duration_s=3.0),
-        make_ctx(global_steps=3, step_wait_times=(0.5,), step_wait_samples=(1,),
-                 last_deactivate_duration_s=7.5),
+        make_ctx(global_steps=3, step_wait_times=(0.5,), step_wait_samples=(1,), last_deactivate_duration_s=7.5),
     ]
     for ctx in history:
         trained.should_activate_after_step(ctx)
@@ -330,8 +344,12 @@ def test_difference_3_state_round_trip_through_json_gives_identical_decisions():
             last_activate_duration_s=float(step % 5),
             is_hybrid_active=step % 2 == 0,
         )
-        for method in ("should_deactivate", "deactivate_wait_samples",
-                       "should_activate_after_step", "should_rebalance"):
+        for method in (
+            "should_deactivate",
+            "deactivate_wait_samples",
+            "should_activate_after_step",
+            "should_rebalance",
+        ):
             assert getattr(resumed, method)(ctx) == getattr(trained, method)(ctx), (step, method)
         resumed.update_after_step(ctx)
         trained.update_after_step(ctx)

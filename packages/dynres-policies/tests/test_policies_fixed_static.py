@@ -48,8 +48,9 @@ def test_fixed_activation_is_a_pure_gap_check(ratio, surplus, expected):
 
 def test_fixed_has_no_cost_gate():
     # Gap of 1 sample at a measured 0.5 s/sample: default's gate says no, fixed_ratio says yes.
-    ctx = make_ctx(total_generated_samples=529, expected_samples=500,
-                   step_wait_times=(2.0, 3.0), step_wait_samples=(4, 6))
+    ctx = make_ctx(
+        total_generated_samples=529, expected_samples=500, step_wait_times=(2.0, 3.0), step_wait_samples=(4, 6)
+    )
     gated = DefaultPolicy()
     gated.update_after_step(ctx)
     assert gated.should_activate_after_step(ctx) is False
@@ -60,17 +61,21 @@ def test_fixed_never_adapts():
     policy = FixedRatioPolicy({"deactivate_ratio": 0.4})
     for step in range(1, 10):
         waited = step % 2 == 0
-        policy.update_after_step(make_ctx(global_steps=step, step_wait_times=(1.0,),
-                                          step_wait_samples=(20 if waited else 0,),
-                                          last_activate_duration_s=3.0))
+        policy.update_after_step(
+            make_ctx(
+                global_steps=step,
+                step_wait_times=(1.0,),
+                step_wait_samples=(20 if waited else 0,),
+                last_activate_duration_s=3.0,
+            )
+        )
     assert policy.deactivate_wait_samples(make_ctx()) == 40
     assert policy.state_dict() == {}
 
 
 @pytest.mark.parametrize("surplus", [-100, 0, 30, 1000])
 def test_fixed_only_hybrid_always_activates(surplus):
-    ctx = make_ctx(num_standalone_replicas=0, total_generated_samples=1000 + surplus,
-                   expected_samples=1000)
+    ctx = make_ctx(num_standalone_replicas=0, total_generated_samples=1000 + surplus, expected_samples=1000)
     assert FixedRatioPolicy({"deactivate_ratio": 0.0}).should_activate_after_step(ctx) is True
 
 
@@ -106,8 +111,9 @@ def test_static_deactivates_at_once_whenever_active(active, standalone):
 
 @pytest.mark.parametrize("surplus", [-1000, 0, 1000])
 def test_static_never_activates_with_standalone_replicas(surplus):
-    ctx = make_ctx(total_generated_samples=2000 + surplus, expected_samples=2000,
-                   step_wait_times=(100.0,), step_wait_samples=(25,))
+    ctx = make_ctx(
+        total_generated_samples=2000 + surplus, expected_samples=2000, step_wait_times=(100.0,), step_wait_samples=(25,)
+    )
     assert StaticFullyAsyncPolicy().should_activate_after_step(ctx) is False
 
 

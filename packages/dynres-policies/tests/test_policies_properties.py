@@ -15,8 +15,7 @@ from dynres.policies.default import DefaultPolicy
 
 SETTINGS = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
-DECISIONS = ("should_deactivate", "deactivate_wait_samples", "should_activate_after_step",
-             "should_rebalance")
+DECISIONS = ("should_deactivate", "deactivate_wait_samples", "should_activate_after_step", "should_rebalance")
 
 
 def run_cycle(policy: Policy, ctx: ScheduleContext) -> tuple:

@@ -16,8 +16,7 @@ from dynres.policies.default import DefaultPolicy
 from dynres.policies.fixed_ratio import FixedRatioPolicy
 from dynres.policies.static_fully_async import StaticFullyAsyncPolicy
 
-CLASSES = {"default": DefaultPolicy, "static_fully_async": StaticFullyAsyncPolicy,
-           "fixed_ratio": FixedRatioPolicy}
+CLASSES = {"default": DefaultPolicy, "static_fully_async": StaticFullyAsyncPolicy, "fixed_ratio": FixedRatioPolicy}
 
 
 @pytest.mark.parametrize("name", BUILTINS)

@@ -8,9 +8,9 @@ from collections import Counter
 import pytest
 
 from dynres.core.errors import ReplicaUnavailableError, RuntimeStateError
-from dynres.runtime.protocols import GenerationRequest
-from dynres.runtime.loop.balancer import LoadBalancer
 from dynres.runtime.backends.fake import FakeReplica
+from dynres.runtime.loop.balancer import LoadBalancer
+from dynres.runtime.protocols import GenerationRequest
 
 
 def req(i: int | str, max_tokens: int = 1000) -> GenerationRequest:
@@ -33,7 +33,7 @@ def test_routes_to_least_in_flight() -> None:
     for i in range(30):
         lb.route(f"r{i}")
     assert lb.in_flight_counts() == {"a": 10, "b": 10, "c": 10}
-    for i in range(10):  # free 'b' entirely: the next 10 must all go there
+    for _ in range(10):  # free 'b' entirely: the next 10 must all go there
         lb.release(lb.running_on("b")[0])
     picked = [lb.route(f"x{i}").replica_id for i in range(10)]
     assert picked == ["b"] * 10

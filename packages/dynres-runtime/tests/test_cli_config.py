@@ -43,11 +43,18 @@ def test_valid_scenario(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("text", "needles"),
     [
-        ("async_training: {staleness_treshold: 0.5}\n", ("async_training.staleness_treshold", "did you mean 'staleness_threshold'")),
-        ("async_training: {trigger_parameter_sync_step: 0}\n", ("trigger_parameter_sync_step", "greater than or equal to 1")),
+        (
+            "async_training: {staleness_treshold: 0.5}\n",
+            ("async_training.staleness_treshold", "did you mean 'staleness_threshold'"),
+        ),
+        (
+            "async_training: {trigger_parameter_sync_step: 0}\n",
+            ("trigger_parameter_sync_step", "greater than or equal to 1"),
+        ),
         ("async_training: {dynamic_schedule_policy: nope}\n", ("unknown policy 'nope'",)),
         (
-            "async_training: {dynamic_schedule_policy: default, dynamic_schedule_policy_params: {ratio_increse_max: 0.2}}\n",
+            "async_training: {dynamic_schedule_policy: default,"
+            " dynamic_schedule_policy_params: {ratio_increse_max: 0.2}}\n",
             ("ratio_increse_max", "did you mean 'ratio_increase_max'"),
         ),
         ("steps: 3\ncluster: {trainer_gpus: 4, rollout_gpus: 4, gpus_per_replica: 3}\n", ("gpus_per_replica",)),

@@ -42,8 +42,18 @@ def test_simulate_preset_with_compare_json_and_plots(tmp_path: Path) -> None:
     js = tmp_path / "out.json"
     plots = tmp_path / "plots"
     code, out, err = _run(
-        "simulate", "--preset", "seed-dynamic-16-16", "--compare", "seed-static-16-16",
-        *SHORT, "--json", str(js), "--plot", str(plots), "--seed", "3",
+        "simulate",
+        "--preset",
+        "seed-dynamic-16-16",
+        "--compare",
+        "seed-static-16-16",
+        *SHORT,
+        "--json",
+        str(js),
+        "--plot",
+        str(plots),
+        "--seed",
+        "3",
     )
     assert code == 0, err
     assert "end-to-end" in out and "lower bound" in out and "seed-static-16-16" in out
@@ -65,12 +75,17 @@ def test_simulate_scenario_file_single_json_object(tmp_path: Path) -> None:
     sc.write_text(yaml.safe_dump({"extends": "seed-dynamic-16-16", "steps": 2}), encoding="utf-8")
     js = tmp_path / "one.json"
     plots = tmp_path / "p"
-    code, out, err = _run("simulate", str(sc), "--policy", "fixed_ratio", "--json", str(js), "--plot", str(plots))
+    code, _out, err = _run("simulate", str(sc), "--policy", "fixed_ratio", "--json", str(js), "--plot", str(plots))
     assert code == 0, err
     data = json.loads(js.read_text())
     assert data["policy"] == "fixed_ratio" and data["scenario"] == "mine"
     assert {"end_to_end_s", "lower_bound_s", "steps"} <= set(data)
-    assert {p.name for p in plots.glob("*.png")} == {"mq_size.png", "utilization.png", "step_time.png", "hybrid_timeline.png"}
+    assert {p.name for p in plots.glob("*.png")} == {
+        "mq_size.png",
+        "utilization.png",
+        "step_time.png",
+        "hybrid_timeline.png",
+    }
 
 
 def test_policy_from_a_file(tmp_path: Path) -> None:
@@ -85,7 +100,9 @@ def test_policy_from_a_file(tmp_path: Path) -> None:
         encoding="utf-8",
     )
     js = tmp_path / "o.json"
-    code, _, err = _run("simulate", "--preset", "seed-dynamic-16-16", "--policy", f"{pol}:Never", *SHORT, "--json", str(js))
+    code, _, err = _run(
+        "simulate", "--preset", "seed-dynamic-16-16", "--policy", f"{pol}:Never", *SHORT, "--json", str(js)
+    )
     assert code == 0, err
     assert json.loads(js.read_text())["policy"] == "never"
 
@@ -94,9 +111,18 @@ def test_policy_from_a_file(tmp_path: Path) -> None:
     ("args", "needles"),
     [
         (("--preset", "seed-dynamc-16-16"), ("unknown preset", "did you mean 'seed-dynamic-16-16'")),
-        (("--preset", "seed-dynamic-16-16", "--policy", "defualt"), ("unknown policy 'defualt'", "did you mean 'default'")),
-        (("--preset", "seed-dynamic-16-16", "--set", "async_training.staleness_threshol=0.3"), ("did you mean 'staleness_threshold'",)),
-        (("--preset", "seed-dynamic-16-16", "--set", "async_training.staleness_threshold=-1"), ("staleness_threshold", "greater than or equal to 0")),
+        (
+            ("--preset", "seed-dynamic-16-16", "--policy", "defualt"),
+            ("unknown policy 'defualt'", "did you mean 'default'"),
+        ),
+        (
+            ("--preset", "seed-dynamic-16-16", "--set", "async_training.staleness_threshol=0.3"),
+            ("did you mean 'staleness_threshold'",),
+        ),
+        (
+            ("--preset", "seed-dynamic-16-16", "--set", "async_training.staleness_threshold=-1"),
+            ("staleness_threshold", "greater than or equal to 0"),
+        ),
         (("--preset", "seed-dynamic-16-16", "--set", "workload.decode.peak_tokens_per_s=fast"), ("peak_tokens_per_s",)),
         (("--preset", "seed-dynamic-16-16", "--set", "nonsense"), ("key=value",)),
         (("--preset", "seed-dynamic-16-16", "--compare", "seed-statc-8-24"), ("did you mean 'seed-static-8-24'",)),
@@ -146,9 +172,22 @@ def test_json_is_identical_across_processes(tmp_path: Path) -> None:
         out = tmp_path / f"run{hashseed}.json"
         env = {**os.environ, "PYTHONHASHSEED": hashseed}
         subprocess.run(
-            [sys.executable, "-c", "from dynres.runtime.cli import main; main()", "simulate",
-             "--preset", "seed-dynamic-16-16", "--set", "steps=2", "-q", "--json", str(out)],
-            check=True, env=env, capture_output=True,
+            [
+                sys.executable,
+                "-c",
+                "from dynres.runtime.cli import main; main()",
+                "simulate",
+                "--preset",
+                "seed-dynamic-16-16",
+                "--set",
+                "steps=2",
+                "-q",
+                "--json",
+                str(out),
+            ],
+            check=True,
+            env=env,
+            capture_output=True,
         )
         outs.append(out.read_bytes())
     assert outs[0] == outs[1]

@@ -10,11 +10,11 @@ import pytest
 
 from dynres.core import get_plugin_manager, hookimpl
 from dynres.core.errors import RuntimeStateError
-from dynres.runtime.protocols import GenerationRequest, Replica, WeightUpdate
+from dynres.runtime.backends.fake import FakeReplica, FakeTrainEngine, OpRecord
 from dynres.runtime.loop.balancer import LoadBalancer
 from dynres.runtime.loop.controller import Controller, ControllerState
 from dynres.runtime.loop.ops import OpRunner
-from dynres.runtime.backends.fake import FakeReplica, FakeTrainEngine, OpRecord
+from dynres.runtime.protocols import GenerationRequest, Replica, WeightUpdate
 
 
 class LoggingBalancer(LoadBalancer):

@@ -36,8 +36,13 @@ def test_torch_missing_names_the_torch_extra(hide):
     from dynres.runtime.realrun import tiny_task as tiny_model
 
     hide("torch", "transformers", "safetensors")
-    for fn in (torch_engine._torch, tiny_model._torch, weights._torch, weights._safetensors_torch,
-               tiny_model._transformers):
+    for fn in (
+        torch_engine._torch,
+        tiny_model._torch,
+        weights._torch,
+        weights._safetensors_torch,
+        tiny_model._transformers,
+    ):
         with pytest.raises(MissingExtraError, match=r"\[torch\]"):
             fn()
     with pytest.raises(MissingExtraError, match=r"\[torch\]"):

@@ -11,12 +11,12 @@ import pytest
 
 from dynres.core import Policy, ScheduleContext, get_plugin_manager, hookimpl, load_config
 from dynres.core.config import DynresConfig
+from dynres.runtime.backends.fake import FakeCluster, FakeReplica, fake_prompts
 from dynres.runtime.loop.balancer import LoadBalancer
 from dynres.runtime.loop.queue import MessageQueue
 from dynres.runtime.loop.report import RunReport
 from dynres.runtime.loop.rollouter import Rollouter
 from dynres.runtime.loop.run import FullyAsyncRun, RunSpec, max_required_samples, run_fully_async
-from dynres.runtime.backends.fake import FakeCluster, FakeReplica, fake_prompts
 
 
 def make_cfg(
@@ -236,7 +236,9 @@ def test_bad_policy_answers_fall_back_and_training_continues(
     with caplog.at_level(logging.WARNING, logger="dynres.runtime.loop.decisions"):
         report, _ = run(pol, cycles=2, observer=observer, policy_timeout_s=0.2)
     assert len(report.cycles) == 2  # training went on
-    bad = [d for d in [*report.startup_decisions, *(x for c in report.cycles for x in c.decisions)] if d.method == method]
+    bad = [
+        d for d in [*report.startup_decisions, *(x for c in report.cycles for x in c.decisions)] if d.method == method
+    ]
     assert bad and all(d.fallback and d.value == safe and d.reason for d in bad)
     assert report.policy_fallbacks == len(bad)
     assert (method, safe, True) in observer.seen
@@ -268,7 +270,7 @@ def test_wait_is_clamped_to_step_required_plus_buffer() -> None:
 def test_only_hybrid_waits_for_a_whole_cycle_and_always_activates() -> None:
     cfg = make_cfg(trigger=2, mini=4, staleness=0.5, standalone_nodes=0)
     pol = scripted(wait=0, activate=False)
-    report, cl = run(pol, cfg=cfg, n_standalone=0, n_hybrid=2, cycles=3)
+    report, _cl = run(pol, cfg=cfg, n_standalone=0, n_hybrid=2, cycles=3)
     assert len(report.cycles) == 3
     for c in report.cycles:
         assert c.activated and c.deactivate_wait_samples == 8

@@ -25,8 +25,9 @@ GQA = TinyModelSpec(hidden_size=128, num_attention_heads=4, num_key_value_heads=
 """4 query heads in 2 groups of head_dim 32: exercises the grouped QKV interleave."""
 
 
-@pytest.mark.parametrize("spec", [TinyModelSpec(), GQA, TinyModelSpec(num_key_value_heads=2)],
-                         ids=["gqa-2:1", "gqa-4:2", "mha"])
+@pytest.mark.parametrize(
+    "spec", [TinyModelSpec(), GQA, TinyModelSpec(num_key_value_heads=2)], ids=["gqa-2:1", "gqa-4:2", "mha"]
+)
 def test_hf_megatron_round_trip_is_bit_exact(spec):
     hf = build_tiny_model(spec, seed=3)
     layout = AttentionLayout.from_hf_config(hf.config)
@@ -98,7 +99,7 @@ def pair(mcore):
 
 
 def test_export_names_and_shapes_match_hf_qwen2(pair):
-    hf, model, eng = pair
+    hf, _model, eng = pair
     upd = asyncio.run(eng.export_weights())
     exported = dict(upd.payload.iter_tensors())
     sd = hf.state_dict()

@@ -7,8 +7,8 @@ import asyncio
 import pytest
 
 from dynres.core.errors import RuntimeStateError
-from dynres.runtime.protocols import GenerationResult
 from dynres.runtime.loop.queue import MessageQueue, default_max_staleness_versions
+from dynres.runtime.protocols import GenerationResult
 from dynres.runtime.samples import PromptGroup, Sample
 
 

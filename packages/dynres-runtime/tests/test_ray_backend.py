@@ -11,13 +11,6 @@ pytest.importorskip("ray")
 
 from dynres.core.config import load_config
 from dynres.core.errors import BackendError, ConfigError, MissingExtraError
-from dynres.runtime.protocols import (
-    GenerationRequest,
-    Replica,
-    ReplicaKind,
-    TrainEngine,
-    WeightUpdate,
-)
 from dynres.runtime.backends.ray import (
     Factory,
     RayCluster,
@@ -26,6 +19,13 @@ from dynres.runtime.backends.ray import (
     RayTrainEngine,
 )
 from dynres.runtime.backends.ray.testing import local_ray
+from dynres.runtime.protocols import (
+    GenerationRequest,
+    Replica,
+    ReplicaKind,
+    TrainEngine,
+    WeightUpdate,
+)
 
 DYN = load_config(
     {
@@ -105,7 +105,9 @@ class _PayloadReplica:
     async def health(self):
         h = await self._inner.health()
         # Report what arrived through `detail` so the test can see it without extra methods.
-        return type(h)(h.healthy, h.in_flight, h.sleeping, detail=f"payload_len={len((self.payload or {}).get('w', []))}")
+        return type(h)(
+            h.healthy, h.in_flight, h.sleeping, detail=f"payload_len={len((self.payload or {}).get('w', []))}"
+        )
 
     def costs(self):
         return self._inner.costs()

@@ -17,10 +17,10 @@ pytest.importorskip("ray")
 
 from dynres.runtime.backends.ray import Factory, RayCluster, RayReplica
 from dynres.runtime.backends.ray.cluster import driver_node_id
-from dynres.runtime.realrun.on_ray import CoordinatorActor
 from dynres.runtime.backends.ray.monitor import LoopLag
 from dynres.runtime.backends.ray.testing import local_ray
 from dynres.runtime.realrun import load_run_config
+from dynres.runtime.realrun.on_ray import CoordinatorActor
 
 SLEEP_S = 0.5
 """How long a hybrid replica's sleep takes (seconds): what a blocking caller would freeze for."""
@@ -85,12 +85,18 @@ def ray_session():
 async def _run(blocking: bool):
     cfg = load_run_config(RUN)
     cluster = RayCluster(cfg.cluster)
-    s_f = Factory("dynres.runtime.realrun:build_replica", {
-        "engine": "fake", "model_path": None, "options": RUN["engines"]["rollout_options"]})
+    s_f = Factory(
+        "dynres.runtime.realrun:build_replica",
+        {"engine": "fake", "model_path": None, "options": RUN["engines"]["rollout_options"]},
+    )
     system = await cluster.start(
-        cfg.dynres_config(), standalone=s_f, hybrid=s_f,
-        trainer=Factory("dynres.runtime.realrun:build_trainer", {
-            "engine": "fake", "model_path": None, "options": RUN["engines"]["trainer_options"]}),
+        cfg.dynres_config(),
+        standalone=s_f,
+        hybrid=s_f,
+        trainer=Factory(
+            "dynres.runtime.realrun:build_trainer",
+            {"engine": "fake", "model_path": None, "options": RUN["engines"]["trainer_options"]},
+        ),
     )
     hybrid = system.hybrid
     if blocking:

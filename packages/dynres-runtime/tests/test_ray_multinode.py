@@ -17,9 +17,9 @@ pytest.importorskip("ray")
 
 from dynres.runtime.backends.ray import Factory, RayCluster
 from dynres.runtime.backends.ray.cluster import driver_node_id
-from dynres.runtime.realrun.on_ray import CoordinatorActor
 from dynres.runtime.backends.ray.testing import multi_node_cluster
 from dynres.runtime.realrun import load_run_config
+from dynres.runtime.realrun.on_ray import CoordinatorActor
 
 ROLLOUT = {"tokens_per_s": 40.0, "response_tokens": 24, "latency": {"sleep": 0.05, "wake_up": 0.05}}
 RUN = {
@@ -55,9 +55,13 @@ def test_losing_a_rollout_node_reroutes_and_loses_nothing():
 async def _scenario(cluster, nodes):
     cfg = load_run_config(RUN)
     rc = RayCluster(cfg.cluster)
-    replica = Factory("dynres.runtime.realrun:build_replica", {"engine": "fake", "model_path": None, "options": ROLLOUT})
-    trainer = Factory("dynres.runtime.realrun:build_trainer", {
-        "engine": "fake", "model_path": None, "options": RUN["engines"]["trainer_options"]})
+    replica = Factory(
+        "dynres.runtime.realrun:build_replica", {"engine": "fake", "model_path": None, "options": ROLLOUT}
+    )
+    trainer = Factory(
+        "dynres.runtime.realrun:build_trainer",
+        {"engine": "fake", "model_path": None, "options": RUN["engines"]["trainer_options"]},
+    )
     system = await rc.start(cfg.dynres_config(), standalone=replica, hybrid=replica, trainer=trainer)
     try:
         head_id = driver_node_id()

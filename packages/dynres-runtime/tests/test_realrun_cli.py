@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 from click.testing import CliRunner
+
 from dynres.core.errors import ConfigError
 from dynres.core.metrics import METRIC_KEYS
 from dynres.runtime.cli import main
@@ -139,11 +140,19 @@ def test_ctrl_c_aborts_in_flight_work_and_stops_ray(tmp_path):
     ray_tmp = tempfile.mkdtemp(prefix="dynres-ray-", dir="/tmp")
     data["cluster"]["temp_dir"] = ray_tmp
     out = tmp_path / "out"
-    cmd = [str(Path(sys.executable).parent / "dynres"), "run", str(_write(tmp_path, data)), "--out", str(out), "--no-plots"]
+    cmd = [
+        str(Path(sys.executable).parent / "dynres"),
+        "run",
+        str(_write(tmp_path, data)),
+        "--out",
+        str(out),
+        "--no-plots",
+    ]
     env = dict(os.environ, RAY_AUTH_MODE="disabled")
     # A terminal's Ctrl-C signals the whole foreground process group: do the same.
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     try:
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline and proc.poll() is None:

@@ -13,10 +13,10 @@ from dynres.core import get_plugin_manager, load_config, load_policy
 from dynres.core.config import DynresConfig
 from dynres.core.errors import ConfigError
 from dynres.core.metrics import METRIC_KEYS
+from dynres.runtime.backends.fake import FakeCluster, fake_prompts
 from dynres.runtime.loop.report import RunReport
 from dynres.runtime.loop.run import CHECKPOINT_FORMAT, FullyAsyncRun, RunSpec, run_fully_async
 from dynres.runtime.samples import PromptGroup
-from dynres.runtime.backends.fake import FakeCluster, fake_prompts
 
 
 def cfg(standalone_nodes: int = 1, **at: Any) -> DynresConfig:
@@ -149,9 +149,7 @@ def test_checkpoint_keeps_partial_samples_and_resume_finishes_them() -> None:
     cl2 = FakeCluster(2, 2, tokens_per_s=500, response_tokens=60)
     pol2 = load_policy("default", {"deactivate_ratio": 0.5})
     second = asyncio.run(
-        run_fully_async(
-            spec(cl2, policy=pol2, num_cycles=2, resume_from=ckpt, prompts=fake_prompts(n=2, prefix="q"))
-        )
+        run_fully_async(spec(cl2, policy=pol2, num_cycles=2, resume_from=ckpt, prompts=fake_prompts(n=2, prefix="q")))
     )
     assert [c.step for c in second.cycles] == [3, 4]
     assert second.weight_version == 4
@@ -168,9 +166,7 @@ def test_checkpoint_from_a_different_policy_is_rejected() -> None:
     first = asyncio.run(run_fully_async(spec(cl, num_cycles=1, keep_checkpoint=True)))
     cl2 = FakeCluster(2, 1)
     with pytest.raises(ConfigError, match="written by policy 'default'"):
-        asyncio.run(
-            run_fully_async(spec(cl2, policy=load_policy("static_fully_async"), resume_from=first.checkpoint))
-        )
+        asyncio.run(run_fully_async(spec(cl2, policy=load_policy("static_fully_async"), resume_from=first.checkpoint)))
     with pytest.raises(ConfigError, match="not a dynres checkpoint"):
         asyncio.run(run_fully_async(spec(FakeCluster(2, 1), resume_from={"format": "x"})))
 

@@ -41,7 +41,11 @@ def test_seed_dynamic_preset_matches_the_published_setup() -> None:
     at = sc.async_training
     assert (sc.cluster.trainer_gpus, sc.cluster.rollout_gpus) == (16, 16)
     assert at.use_dynamic_resource_scheduling and at.dynamic_schedule_policy == "default"
-    assert (at.dynamic_schedule_deactivate_ratio, at.staleness_threshold, at.trigger_parameter_sync_step) == (0.6, 0.5, 4)
+    assert (at.dynamic_schedule_deactivate_ratio, at.staleness_threshold, at.trigger_parameter_sync_step) == (
+        0.6,
+        0.5,
+        4,
+    )
     s824 = load_scenario("seed-static-8-24")
     assert (s824.cluster.trainer_gpus, s824.cluster.rollout_gpus) == (8, 24)
     assert not s824.async_training.use_dynamic_resource_scheduling
@@ -76,7 +80,9 @@ def test_out_of_range_and_inconsistent_values(tmp_path: Path) -> None:
     with pytest.raises(ScenarioError, match="unknown phase"):
         load_scenario({"workload": {"train": {"phase_fractions": {"update_actr": 1.0}}}})
     with pytest.raises(ScenarioError, match="tensor_model_parallel_size"):
-        load_scenario({"actor_rollout_ref": {"rollout": {"tensor_model_parallel_size": 2}}, "cluster": {"gpus_per_replica": 1}})
+        load_scenario(
+            {"actor_rollout_ref": {"rollout": {"tensor_model_parallel_size": 2}}, "cluster": {"gpus_per_replica": 1}}
+        )
 
 
 def test_errors_are_config_errors_and_name_the_file(tmp_path: Path) -> None:

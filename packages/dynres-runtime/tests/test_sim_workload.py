@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import math
 
 import numpy as np
@@ -33,7 +34,7 @@ def test_throughput_saturates_and_lone_request_is_a_tenth() -> None:
     assert per_request_rate(11, 1000.0, 9.0) == pytest.approx(50.0)
     assert aggregate_throughput(0, 1000.0, 9.0) == 0.0
     rates = [per_request_rate(c, 1000.0, 9.0) for c in range(1, 300)]
-    assert all(a > b for a, b in zip(rates, rates[1:]))  # each request slows as concurrency rises
+    assert all(a > b for a, b in itertools.pairwise(rates))  # each request slows as concurrency rises
 
 
 def test_capped_lognormal_mean_matches_monte_carlo() -> None:
@@ -45,7 +46,9 @@ def test_capped_lognormal_mean_matches_monte_carlo() -> None:
 
 
 def test_lengths_lognormal_capped_correlated_and_growing() -> None:
-    cfg = ResponseLengthConfig(median_tokens=500, sigma=1.0, max_tokens=8000, group_correlation=0.6, growth_per_step=0.01)
+    cfg = ResponseLengthConfig(
+        median_tokens=500, sigma=1.0, max_tokens=8000, group_correlation=0.6, growth_per_step=0.01
+    )
     oracle = LengthOracle(cfg, n=8, step_required_samples=100, seed=3)
     first = np.array([oracle.sample(i) for i in range(2000)], dtype=float)  # steps 0..19
     assert first.max() <= 8000 and first.min() >= 1
@@ -157,7 +160,9 @@ def test_replica_pause_freezes_progress_and_sleep_refuses_work() -> None:
 def test_train_engine_takes_modelled_time_and_refuses_training_while_offloaded() -> None:
     async def main() -> tuple[float, dict[str, float], int]:
         loop = asyncio.get_running_loop()
-        eng = SimTrainEngine(step_seconds=lambda tokens: tokens / 100.0, phase_fractions={"update_actor": 0.75, "ref": 0.25})
+        eng = SimTrainEngine(
+            step_seconds=lambda tokens: tokens / 100.0, phase_fractions={"update_actor": 0.75, "ref": 0.25}
+        )
         res = await eng.train_step([1000.0, 1000.0])
         await eng.offload()
         from dynres.core.errors import BackendError

@@ -15,12 +15,13 @@ pytestmark = pytest.mark.slow
 
 def _batch():
     """The same fixed batch on every rank."""
-    from dynres.runtime.realrun.tiny_task import make_prompts
     from dynres.runtime.backends.torch_engine import TrainSample
+    from dynres.runtime.realrun.tiny_task import make_prompts
 
     g = torch.Generator().manual_seed(0)
-    return [TrainSample(p, [torch.randint(3, 512, (10,), generator=g).tolist() for _ in range(4)])
-            for p in make_prompts(2)]
+    return [
+        TrainSample(p, [torch.randint(3, 512, (10,), generator=g).tolist() for _ in range(4)]) for p in make_prompts(2)
+    ]
 
 
 def _rank_main(rank: int, world: int, port: int, out_dir: str) -> None:
@@ -29,14 +30,13 @@ def _rank_main(rank: int, world: int, port: int, out_dir: str) -> None:
 
     import torch.distributed as dist
 
-    from dynres.runtime.realrun.tiny_task import build_tiny_model, parity_reward
     from dynres.runtime.backends.torch_engine import TorchTrainConfig, TorchTrainEngine
+    from dynres.runtime.realrun.tiny_task import build_tiny_model, parity_reward
 
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        eng = TorchTrainEngine(build_tiny_model(seed=0), TorchTrainConfig(lr=1e-3, fsdp=True),
-                               reward_fn=parity_reward)
+        eng = TorchTrainEngine(build_tiny_model(seed=0), TorchTrainConfig(lr=1e-3, fsdp=True), reward_fn=parity_reward)
         asyncio.run(eng.train_step(_batch()))
         local = {n: p.to_local().clone() for n, p in eng.model.named_parameters()}
         resident = eng.resident_bytes()
@@ -46,8 +46,16 @@ def _rank_main(rank: int, world: int, port: int, out_dir: str) -> None:
         exact = all(torch.equal(local[n], p.to_local()) for n, p in eng.model.named_parameters())
         upd = asyncio.run(eng.export_weights())  # all-gathers full tensors on every rank
         if rank == 0:
-            torch.save({"weights": dict(upd.payload.iter_tensors()), "resident": resident, "freed": freed,
-                        "after": after, "exact": exact}, os.path.join(out_dir, "rank0.pt"))
+            torch.save(
+                {
+                    "weights": dict(upd.payload.iter_tensors()),
+                    "resident": resident,
+                    "freed": freed,
+                    "after": after,
+                    "exact": exact,
+                },
+                os.path.join(out_dir, "rank0.pt"),
+            )
         dist.barrier()
     finally:
         dist.destroy_process_group()
@@ -56,8 +64,8 @@ def _rank_main(rank: int, world: int, port: int, out_dir: str) -> None:
 def test_fsdp2_two_ranks_match_single_process(tmp_path):
     import torch.multiprocessing as mp
 
-    from dynres.runtime.realrun.tiny_task import build_tiny_model, parity_reward
     from dynres.runtime.backends.torch_engine import TorchTrainConfig, TorchTrainEngine
+    from dynres.runtime.realrun.tiny_task import build_tiny_model, parity_reward
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

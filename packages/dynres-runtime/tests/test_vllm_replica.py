@@ -12,10 +12,10 @@ pytest.importorskip("vllm")
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from dynres.runtime.protocols import GenerationRequest, ReplicaKind, WeightUpdate  # noqa: E402
-from dynres.runtime.realrun.tiny_task import hf_greedy, save_tiny_model  # noqa: E402
 from dynres.runtime.backends.vllm import VllmReplica, VllmReplicaConfig  # noqa: E402
 from dynres.runtime.backends.weights import bucketize, materialize, remove_bucket_files  # noqa: E402
+from dynres.runtime.protocols import GenerationRequest, ReplicaKind, WeightUpdate  # noqa: E402
+from dynres.runtime.realrun.tiny_task import hf_greedy, save_tiny_model  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -46,8 +46,9 @@ def replica(loop, models):
     """One VllmReplica (CPU, float32, eager) shared by every test of this module."""
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     paths, _ = models
-    cfg = VllmReplicaConfig(model=str(paths[0]), dtype="float32", max_model_len=256, enforce_eager=True,
-                            ignore_eos=True, seed=0)
+    cfg = VllmReplicaConfig(
+        model=str(paths[0]), dtype="float32", max_model_len=256, enforce_eager=True, ignore_eos=True, seed=0
+    )
     rep = loop.run_until_complete(VllmReplica.create("vllm-0", cfg, ReplicaKind.HYBRID))
     yield rep
     loop.run_until_complete(rep.shutdown())
@@ -55,8 +56,9 @@ def replica(loop, models):
 
 def _req(rid: str, max_tokens: int, prompt=PROMPT) -> GenerationRequest:
     """A greedy request."""
-    return GenerationRequest(request_id=rid, sample_id="s", prompt_token_ids=prompt, max_tokens=max_tokens,
-                             temperature=0.0)
+    return GenerationRequest(
+        request_id=rid, sample_id="s", prompt_token_ids=prompt, max_tokens=max_tokens, temperature=0.0
+    )
 
 
 async def _wait_tokens(rep: VllmReplica, rid: str, n: int, timeout: float = 30.0) -> None:
@@ -189,23 +191,33 @@ def test_health_and_bad_payload(loop, replica):
 
 def test_torch_trainer_export_reproduces_trainer_greedy_output(loop, replica, models):
     """Train on the replica's own weights, export, load: vLLM greedy == the trained HF model's."""
-    from dynres.runtime.realrun.tiny_task import make_prompts, parity_reward
     from dynres.runtime.backends.torch_engine import TorchTrainConfig, TorchTrainEngine, TrainSample
+    from dynres.runtime.realrun.tiny_task import make_prompts, parity_reward
 
     paths, hf = models
-    eng = TorchTrainEngine.from_pretrained(str(paths[0]), TorchTrainConfig(lr=2e-2, export_bucket_bytes=128 * 1024),
-                                           reward_fn=parity_reward)
+    eng = TorchTrainEngine.from_pretrained(
+        str(paths[0]), TorchTrainConfig(lr=2e-2, export_bucket_bytes=128 * 1024), reward_fn=parity_reward
+    )
     # Start both sides from the same weights.
     loop.run_until_complete(replica.update_weights(loop.run_until_complete(eng.export_weights())))
     assert list(loop.run_until_complete(replica.generate(_req("t0", 16))).token_ids) == hf_greedy(hf[0], PROMPT, 16)
 
     async def rollout_and_train(step: int) -> None:
         prompts = make_prompts(4, seed=step)
-        reqs = [GenerationRequest(request_id=f"tr{step}-{i}-{j}", sample_id=f"{i}", prompt_token_ids=p,
-                                  max_tokens=12, temperature=1.0, seed=100 * i + j)
-                for i, p in enumerate(prompts) for j in range(4)]
+        reqs = [
+            GenerationRequest(
+                request_id=f"tr{step}-{i}-{j}",
+                sample_id=f"{i}",
+                prompt_token_ids=p,
+                max_tokens=12,
+                temperature=1.0,
+                seed=100 * i + j,
+            )
+            for i, p in enumerate(prompts)
+            for j in range(4)
+        ]
         results = await asyncio.gather(*(replica.generate(r) for r in reqs))
-        batch = [TrainSample(p, results[4 * i: 4 * i + 4]) for i, p in enumerate(prompts)]
+        batch = [TrainSample(p, results[4 * i : 4 * i + 4]) for i, p in enumerate(prompts)]
         await eng.train_step(batch)
         await replica.update_weights(await eng.export_weights())
 

@@ -108,8 +108,11 @@ def test_broken_policies_fail_only_their_checks(cls):
 
 
 def test_broken_table_covers_every_broken_class():
-    classes = {c for _, c in inspect.getmembers(broken, inspect.isclass)
-               if c.__module__ == broken.__name__ and not c.__name__.startswith("_")}
+    classes = {
+        c
+        for _, c in inspect.getmembers(broken, inspect.isclass)
+        if c.__module__ == broken.__name__ and not c.__name__.startswith("_")
+    }
     assert classes == set(ONLY_FAILS)
 
 
@@ -210,9 +213,9 @@ def test_check_policy_rejects_unknown_check_names_and_modes():
 def test_parametrize_with_checks_ids_and_xfail_marks():
     mark = parametrize_with_checks(
         [broken.QueueFloorPolicy, "default"],
-        expected_failed_checks=lambda p: {"check_only_hybrid_never_deadlocks": "known"}
-        if p is broken.QueueFloorPolicy
-        else None,
+        expected_failed_checks=lambda p: (
+            {"check_only_hybrid_never_deadlocks": "known"} if p is broken.QueueFloorPolicy else None
+        ),
         end_to_end=False,
     )
     assert mark.args[0] == "policy, check"
@@ -230,5 +233,8 @@ def test_failures_pickle_with_their_parts():
     failure = PolicyCheckFailure("check_x", "my_policy", "went wrong")
     copy = pickle.loads(pickle.dumps(failure))
     assert (copy.check, copy.policy, copy.detail, str(copy)) == (
-        "check_x", "my_policy", "went wrong", "check_x[my_policy]: went wrong"
+        "check_x",
+        "my_policy",
+        "went wrong",
+        "check_x[my_policy]: went wrong",
     )

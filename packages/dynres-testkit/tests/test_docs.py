@@ -12,7 +12,14 @@ from dynres.core.hookspecs import DECISION_HOOKS, OBSERVER_HOOKS
 from dynres.testkit.checks import all_checks
 
 DOCS = Path(__file__).resolve().parents[3] / "docs"
-MINE = ["index.md", "installing.md", "policy-api.md", "writing-a-policy.md", "testing-a-policy.md", "builtin-policies.md"]
+MINE = [
+    "index.md",
+    "installing.md",
+    "policy-api.md",
+    "writing-a-policy.md",
+    "testing-a-policy.md",
+    "builtin-policies.md",
+]
 
 pytestmark = pytest.mark.skipif(not DOCS.is_dir(), reason="docs/ is only in a checkout of the repository")
 

@@ -32,14 +32,21 @@ def test_policy_option_with_paths_runs_both(pytester: pytest.Pytester) -> None:
 
 def test_failures_show_the_check_message(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest(
-        "--dynres-policy", f"{BROKEN}:QueueFloorPolicy", "--dynres-policy", "fixed_ratio",
-        "--dynres-no-e2e", "-k", "only_hybrid",
+        "--dynres-policy",
+        f"{BROKEN}:QueueFloorPolicy",
+        "--dynres-policy",
+        "fixed_ratio",
+        "--dynres-no-e2e",
+        "-k",
+        "only_hybrid",
     )
     result.assert_outcomes(passed=1, failed=1)
-    result.stdout.fnmatch_lines([
-        "*should_activate_after_step returned False in an only-hybrid cluster*",
-        f"FAILED check_only_hybrid_never_deadlocks[[]{BROKEN}:QueueFloorPolicy[]]*",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "*should_activate_after_step returned False in an only-hybrid cluster*",
+            f"FAILED check_only_hybrid_never_deadlocks[[]{BROKEN}:QueueFloorPolicy[]]*",
+        ]
+    )
     assert "Traceback" not in result.stdout.str()
 
 

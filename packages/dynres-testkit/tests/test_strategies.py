@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from hypothesis import given, settings
 from pydantic import ValidationError
@@ -24,7 +26,7 @@ def _consistent(ctx: ScheduleContext) -> None:
         assert ctx.step_wait_samples == () and ctx.last_cycle_time_s == 0.0
     else:
         assert len(ctx.step_wait_samples) == ctx.trigger_parameter_sync_step
-        assert all((t > 0) == (n > 0) for t, n in zip(ctx.step_wait_times, ctx.step_wait_samples))
+        assert all((t > 0) == (n > 0) for t, n in zip(ctx.step_wait_times, ctx.step_wait_samples, strict=False))
         assert all(n <= ctx.required_samples for n in ctx.step_wait_samples)
         assert ctx.last_cycle_time_s >= ctx.last_train_time_s
 
@@ -61,11 +63,16 @@ def test_first_cycle_pin(ctx: ScheduleContext) -> None:
 def test_sequences_describe_one_run(contexts: list[ScheduleContext]) -> None:
     assert 2 <= len(contexts) <= 6
     first = contexts[0]
-    for before, after in zip(contexts, contexts[1:]):
+    for before, after in itertools.pairwise(contexts):
         assert after.global_steps == before.global_steps + 1
         assert after.total_generated_samples >= before.total_generated_samples
-        for field in ("required_samples", "trigger_parameter_sync_step", "num_standalone_replicas",
-                      "num_hybrid_replicas", "staleness_threshold"):
+        for field in (
+            "required_samples",
+            "trigger_parameter_sync_step",
+            "num_standalone_replicas",
+            "num_hybrid_replicas",
+            "staleness_threshold",
+        ):
             assert getattr(after, field) == getattr(first, field)
     for ctx in contexts:
         _consistent(ctx)

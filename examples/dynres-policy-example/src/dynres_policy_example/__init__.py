@@ -25,9 +25,7 @@ class ExamplePolicy(Policy):
     class Params(Policy.Params):
         """Tunables of the example policy."""
 
-        floor: float = Field(
-            0.5, ge=0.0, le=1.0, description="Backlog to keep, as a fraction of a cycle's samples."
-        )
+        floor: float = Field(0.5, ge=0.0, le=1.0, description="Backlog to keep, as a fraction of a cycle's samples.")
         rebalance: bool = Field(True, description="Ask for a rebalance after an activation.")
 
     params: Params

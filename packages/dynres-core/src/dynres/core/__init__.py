@@ -15,8 +15,8 @@ from dynres.core.plugins import PLUGINS_GROUP, BoundPolicy, get_plugin_manager
 from dynres.core.policy import POLICY_METHODS, Policy
 
 __all__ = [
-    "POLICIES_GROUP",
     "PLUGINS_GROUP",
+    "POLICIES_GROUP",
     "POLICY_METHODS",
     "AsyncTrainingConfig",
     "BoundPolicy",

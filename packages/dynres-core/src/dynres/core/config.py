@@ -61,9 +61,7 @@ class AsyncTrainingConfig(StrictModel):
         ge=0.0,
         description="Extra production allowed per cycle as a fraction of a cycle's samples.",
     )
-    trigger_parameter_sync_step: int = Field(
-        4, ge=1, description="Collections (fit steps) per weight sync."
-    )
+    trigger_parameter_sync_step: int = Field(4, ge=1, description="Collections (fit steps) per weight sync.")
     require_batches: int = Field(1, ge=1, description="PPO mini-batches per collection.")
     partial_rollout: bool = Field(
         True, description="Resume aborted generations from their partial output instead of restarting."
@@ -106,9 +104,7 @@ class ActorRolloutRefConfig(StrictModel):
     """The ``actor_rollout_ref`` section."""
 
     actor: ActorConfig = Field(default_factory=ActorConfig, description="Trainer-side actor keys.")
-    rollout: RolloutEngineConfig = Field(
-        default_factory=RolloutEngineConfig, description="Inference engine keys."
-    )
+    rollout: RolloutEngineConfig = Field(default_factory=RolloutEngineConfig, description="Inference engine keys.")
 
 
 class NodesConfig(StrictModel):
@@ -224,8 +220,7 @@ def validate_model(model: type[M], data: Any, source: str = "") -> M:
         data = {}
     if not isinstance(data, Mapping):
         raise ConfigError(
-            f"{source or 'config'}: expected a mapping of keys at the top level, got "
-            f"{type(data).__name__}"
+            f"{source or 'config'}: expected a mapping of keys at the top level, got {type(data).__name__}"
         )
     try:
         return model.model_validate(dict(data))

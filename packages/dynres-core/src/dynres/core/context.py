@@ -37,12 +37,8 @@ class ScheduleContext(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     # ---- Step bookkeeping ------------------------------------------------------------------
-    global_steps: int = Field(
-        0, ge=0, description="Completed sync cycles (weight syncs) so far; 0 before the first."
-    )
-    now: float = Field(
-        0.0, ge=0.0, description="Current time in seconds on the run's clock (virtual in simulation)."
-    )
+    global_steps: int = Field(0, ge=0, description="Completed sync cycles (weight syncs) so far; 0 before the first.")
+    now: float = Field(0.0, ge=0.0, description="Current time in seconds on the run's clock (virtual in simulation).")
     required_samples: int = Field(
         ..., ge=1, description="Samples per collection (ppo_mini_batch_size x require_batches)."
     )
@@ -54,9 +50,7 @@ class ScheduleContext(BaseModel):
     )
 
     # ---- Sample accounting -----------------------------------------------------------------
-    total_generated_samples: int = Field(
-        0, ge=0, description="Samples fully generated since training began (count)."
-    )
+    total_generated_samples: int = Field(0, ge=0, description="Samples fully generated since training began (count).")
     expected_samples: int = Field(
         0,
         ge=0,
@@ -64,9 +58,7 @@ class ScheduleContext(BaseModel):
         "(step_required_samples x global_steps, count).",
     )
     queue_size: int = Field(0, ge=0, description="Samples waiting in the message queue now (count).")
-    in_flight_samples: int = Field(
-        0, ge=0, description="Samples being generated on some replica now (count)."
-    )
+    in_flight_samples: int = Field(0, ge=0, description="Samples being generated on some replica now (count).")
     step_wait_times: tuple[float, ...] = Field(
         (),
         description="Trainer wait per collection of the latest cycle (seconds, one per collection).",
@@ -79,18 +71,12 @@ class ScheduleContext(BaseModel):
     )
 
     # ---- Cluster and hybrid state ----------------------------------------------------------
-    is_hybrid_active: bool = Field(
-        False, description="True while hybrid replicas are registered for generation."
-    )
+    is_hybrid_active: bool = Field(False, description="True while hybrid replicas are registered for generation.")
     num_standalone_replicas: int = Field(
         ..., ge=0, description="Standalone (always generating) replicas in the cluster (count)."
     )
-    num_hybrid_replicas: int = Field(
-        ..., ge=0, description="Hybrid replicas that share the trainer's GPUs (count)."
-    )
-    num_active_replicas: int = Field(
-        0, ge=0, description="Replicas routable right now, each counted once (count)."
-    )
+    num_hybrid_replicas: int = Field(..., ge=0, description="Hybrid replicas that share the trainer's GPUs (count).")
+    num_active_replicas: int = Field(0, ge=0, description="Replicas routable right now, each counted once (count).")
     last_activate_duration_s: float = Field(
         0.0, ge=0.0, description="Wall time of the latest hybrid activation (seconds; 0 = none yet)."
     )
@@ -105,8 +91,7 @@ class ScheduleContext(BaseModel):
     consumption_rate: float = Field(
         0.0,
         ge=0.0,
-        description="Samples the trainer consumed per second of training over the latest cycle "
-        "(0 = unknown).",
+        description="Samples the trainer consumed per second of training over the latest cycle (0 = unknown).",
     )
     last_train_time_s: float = Field(
         0.0, ge=0.0, description="Training compute time of the latest cycle (seconds; 0 = none yet)."
@@ -117,9 +102,7 @@ class ScheduleContext(BaseModel):
 
     @model_validator(mode="wrap")
     @classmethod
-    def _accept_computed_fields(
-        cls, data: Any, handler: ModelWrapValidatorHandler[ScheduleContext]
-    ) -> ScheduleContext:
+    def _accept_computed_fields(cls, data: Any, handler: ModelWrapValidatorHandler[ScheduleContext]) -> ScheduleContext:
         # model_dump()/model_dump_json() include the computed fields; without this a dumped
         # context (a recorded trace, a checkpoint) could not be validated again under extra="forbid".
         given: dict[str, Any] = {}
@@ -149,8 +132,7 @@ class ScheduleContext(BaseModel):
             raise ValueError("step_wait_samples must be >= 0")
         if self.num_standalone_replicas + self.num_hybrid_replicas == 0:
             raise ValueError(
-                "a cluster needs at least one replica: num_standalone_replicas and "
-                "num_hybrid_replicas are both 0"
+                "a cluster needs at least one replica: num_standalone_replicas and num_hybrid_replicas are both 0"
             )
         if self.num_active_replicas > self.num_standalone_replicas + self.num_hybrid_replicas:
             raise ValueError(

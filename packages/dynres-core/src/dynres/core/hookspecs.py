@@ -118,9 +118,7 @@ def dynres_update_after_step(ctx: ScheduleContext) -> None:
 
 
 @hookspec
-def dynres_decision_made(
-    decision: str, value: Any, ctx: ScheduleContext, policy_name: str, fallback: bool
-) -> None:
+def dynres_decision_made(decision: str, value: Any, ctx: ScheduleContext, policy_name: str, fallback: bool) -> None:
     """Observe one decision after the controller validated it.
 
     :param decision: the policy method's name, e.g. ``"should_deactivate"``.

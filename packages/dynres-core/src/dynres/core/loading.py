@@ -10,8 +10,8 @@ from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
 from dynres.core.errors import (
-    DynresError,
     DuplicatePolicyError,
+    DynresError,
     PolicyError,
     PolicyImportError,
     PolicyNotFoundError,
@@ -119,8 +119,7 @@ def import_object(
         module = importlib.import_module(module_name)
     except Exception as exc:  # third-party import-time failures of any kind
         raise error(
-            f"{what} {path!r}: module {module_name!r} failed to import: "
-            f"{type(exc).__name__}: {exc}; {hint}"
+            f"{what} {path!r}: module {module_name!r} failed to import: {type(exc).__name__}: {exc}; {hint}"
         ) from exc
     obj: Any = module
     try:
@@ -128,8 +127,7 @@ def import_object(
             obj = getattr(obj, part)
     except AttributeError:
         raise error(
-            f"{what} {path!r}: module {module_name!r} has no attribute {attr!r}"
-            f"{did_you_mean(attr, dir(module))}"
+            f"{what} {path!r}: module {module_name!r} has no attribute {attr!r}{did_you_mean(attr, dir(module))}"
         ) from None
     return obj
 
@@ -147,9 +145,7 @@ def resolve_policy_class(spec: str | type[Policy]) -> type[Policy]:
     return validate_policy_class(obj, where=f"import path {spec!r}")
 
 
-def load_policy(
-    spec: str | type[Policy], params: Policy.Params | Mapping[str, Any] | None = None
-) -> Policy:
+def load_policy(spec: str | type[Policy], params: Policy.Params | Mapping[str, Any] | None = None) -> Policy:
     """Build a policy from a registered name, ``module:Class`` path or class, with validated params."""
     cls = resolve_policy_class(spec)
     return cls(params)

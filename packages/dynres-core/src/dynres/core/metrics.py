@@ -154,9 +154,7 @@ def cycle_metrics(
     return {
         TRAIN_UTILIZATION: u_train,
         ROLLOUT_UTILIZATION: u_rollout,
-        CLUSTER_UTILIZATION: cluster_resource_utilization(
-            u_train, u_rollout, hybrid_gpus, standalone_gpus, x
-        ),
+        CLUSTER_UTILIZATION: cluster_resource_utilization(u_train, u_rollout, hybrid_gpus, standalone_gpus, x),
         MQ_SIZE: float(micro_steps[-1].queue_size_after) if micro_steps else 0.0,
         TRAIN_COMPUTE_TIME: float(sum(compute)),
         TRAIN_ALLOCATED_TIME: float(sum(alloc)),

@@ -61,9 +61,7 @@ def _load_entry_point_plugins(pm: pluggy.PluginManager) -> None:
         register_plugin(pm, plugin, name=ep.name, origin=f"distribution {dist!r}")
 
 
-def register_plugin(
-    pm: pluggy.PluginManager, plugin: object, *, name: str | None = None, origin: str = ""
-) -> None:
+def register_plugin(pm: pluggy.PluginManager, plugin: object, *, name: str | None = None, origin: str = "") -> None:
     """Register ``plugin`` and validate it; raise PluginError naming it on an unknown hook or bad signature."""
     where = f" from {origin}" if origin else ""
     label = name or getattr(plugin, "__name__", repr(plugin))

@@ -85,15 +85,11 @@ class Policy:
 
     def deactivate_wait_samples(self, ctx: ScheduleContext) -> int:
         """If deactivating: samples (>= 0) to wait for in the queue before deactivating."""
-        raise NotImplementedError(
-            f"{type(self).__qualname__} must implement deactivate_wait_samples"
-        )
+        raise NotImplementedError(f"{type(self).__qualname__} must implement deactivate_wait_samples")
 
     def should_activate_after_step(self, ctx: ScheduleContext) -> bool:
         """After the weight sync: return True to let hybrid replicas generate next cycle."""
-        raise NotImplementedError(
-            f"{type(self).__qualname__} must implement should_activate_after_step"
-        )
+        raise NotImplementedError(f"{type(self).__qualname__} must implement should_activate_after_step")
 
     def should_rebalance(self, ctx: ScheduleContext) -> bool:
         """After an activation: return True to move work onto the new replicas (default False)."""
@@ -130,19 +126,14 @@ def validate_policy_class(obj: object, *, where: str = "") -> type[Policy]:
     origin = f" (from {where})" if where else ""
     if not (isinstance(obj, type) and issubclass(obj, Policy)):
         raise PolicyValidationError(
-            f"{obj!r}{origin} is not a subclass of dynres.core.Policy; make the class inherit "
-            "from dynres.core.Policy"
+            f"{obj!r}{origin} is not a subclass of dynres.core.Policy; make the class inherit from dynres.core.Policy"
         )
     cls: type[Policy] = obj
     label = f"policy class {cls.__module__}:{cls.__qualname__}{origin}"
     if not isinstance(cls.name, str) or not _NAME_RE.match(cls.name):
-        raise PolicyValidationError(
-            f"{label} has name={cls.name!r}; set a class attribute name = 'lower_snake_case'"
-        )
+        raise PolicyValidationError(f"{label} has name={cls.name!r}; set a class attribute name = 'lower_snake_case'")
     if not (isinstance(cls.Params, type) and issubclass(cls.Params, Policy.Params)):
-        raise PolicyValidationError(
-            f"{label}: Params must subclass Policy.Params (so unknown keys are rejected)"
-        )
+        raise PolicyValidationError(f"{label}: Params must subclass Policy.Params (so unknown keys are rejected)")
     if cls.Params.model_config.get("extra") != "forbid":
         raise PolicyValidationError(
             f"{label}: Params.model_config must keep extra='forbid' so typos in params are errors"
@@ -152,9 +143,7 @@ def validate_policy_class(obj: object, *, where: str = "") -> type[Policy]:
         raise PolicyValidationError(f"{label} does not implement {', '.join(missing)}")
     for method in POLICY_METHODS:
         _check_signature(cls, method, label)
-    unknown = sorted(
-        attr for attr in dir(cls) if attr.startswith("dynres_") and callable(getattr(cls, attr))
-    )
+    unknown = sorted(attr for attr in dir(cls) if attr.startswith("dynres_") and callable(getattr(cls, attr)))
     if unknown:
         from dynres.core.hookspecs import DECISION_HOOKS, OBSERVER_HOOKS
 
@@ -174,8 +163,7 @@ def _check_signature(cls: type[Policy], method: str, label: str) -> None:
         raise PolicyValidationError(f"{label}: {method} must be a method, not {type(func).__name__}")
     if isinstance(inspect.getattr_static(cls, method), (staticmethod, classmethod)):
         raise PolicyValidationError(
-            f"{label}: {method} must be a plain method def {method}(self, ctx), not a "
-            "staticmethod or classmethod"
+            f"{label}: {method} must be a plain method def {method}(self, ctx), not a staticmethod or classmethod"
         )
     sig = inspect.signature(func)
     params = list(sig.parameters.values())[1:]  # drop self
@@ -202,8 +190,7 @@ def _params_message(cls: type[Policy], exc: ValidationError) -> str:
         loc = ".".join(str(p) for p in err["loc"]) or "(params)"
         if err["type"] == "extra_forbidden":
             parts.append(
-                f"unknown param {loc!r}{did_you_mean(loc, fields)}; valid params: "
-                f"{', '.join(fields) or '(none)'}"
+                f"unknown param {loc!r}{did_you_mean(loc, fields)}; valid params: {', '.join(fields) or '(none)'}"
             )
         else:
             parts.append(f"param {loc!r}: {err['msg']} (got {err.get('input')!r})")

@@ -53,9 +53,7 @@ class DefaultPolicy(Policy):
         deactivate_ratio: float = Field(
             0.3, ge=0.0, le=1.0, description="Starting ratio (fraction of a cycle's samples)."
         )
-        min_ratio: float = Field(
-            0.0, ge=0.0, le=1.0, description="Lowest ratio adaptation may reach (fraction)."
-        )
+        min_ratio: float = Field(0.0, ge=0.0, le=1.0, description="Lowest ratio adaptation may reach (fraction).")
         ratio_increase_min: float = Field(
             0.02, ge=0.0, le=1.0, description="Smallest raise after a cycle that waited (fraction)."
         )
@@ -65,9 +63,7 @@ class DefaultPolicy(Policy):
         ratio_decrease_step: float = Field(
             0.02, ge=0.0, le=1.0, description="Cut after a cycle that did not wait (fraction)."
         )
-        switch_cost_window: int = Field(
-            3, ge=1, description="Measured switch costs averaged by the gate (count)."
-        )
+        switch_cost_window: int = Field(3, ge=1, description="Measured switch costs averaged by the gate (count).")
         switch_cost_fallback_s: float = Field(
             10.0, ge=0.0, description="Switch cost assumed before any was measured (seconds)."
         )
@@ -178,9 +174,7 @@ class DefaultPolicy(Policy):
         if not 0.0 <= ratio <= 1.0:
             raise PolicyValidationError(f"policy 'default': state ratio {ratio} is outside [0, 1]")
         if not all(math.isfinite(c) and c >= 0 for c in costs):
-            raise PolicyValidationError(
-                f"policy 'default': state switch_costs {costs} must be finite seconds >= 0"
-            )
+            raise PolicyValidationError(f"policy 'default': state switch_costs {costs} must be finite seconds >= 0")
         if not (math.isfinite(per_sample) and per_sample > 0):
             raise PolicyValidationError(
                 f"policy 'default': state per_sample_time_s {per_sample} must be finite seconds > 0"

@@ -25,9 +25,7 @@ class FixedRatioPolicy(Policy):
     class Params(Policy.Params):
         """Tunables of the fixed-ratio policy."""
 
-        deactivate_ratio: float = Field(
-            0.3, ge=0.0, le=1.0, description="Fixed ratio (fraction of a cycle's samples)."
-        )
+        deactivate_ratio: float = Field(0.3, ge=0.0, le=1.0, description="Fixed ratio (fraction of a cycle's samples).")
 
     params: Params
 

@@ -47,7 +47,9 @@ def _out_dir(out_dir: str | Path) -> Path:
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise ConfigError(f"--plot {path}: cannot create the directory ({exc.strerror}); choose a writable path") from None
+        raise ConfigError(
+            f"--plot {path}: cannot create the directory ({exc.strerror}); choose a writable path"
+        ) from None
     return path
 
 
@@ -121,9 +123,7 @@ def write_comparison_plots(reports: Mapping[str, RunReport], out_dir: str | Path
     ):
         fig, ax = plt.subplots(figsize=(7, 3.5))
         for label, report in reports.items():
-            series = (
-                [c.duration_s for c in report.cycles] if key == "cycle_time" else report.metric_series(key)
-            )
+            series = [c.duration_s for c in report.cycles] if key == "cycle_time" else report.metric_series(key)
             ax.plot(_steps(report), series, marker=".", label=label)
         ax.set(xlabel="step (sync cycle)", ylabel=ylabel, title=key.removeprefix("dynamic_resource/"))
         ax.legend()

@@ -335,11 +335,16 @@ BROKEN_POLICIES: dict[str, list[tuple[Any, str]]] = {
         (ForgetfulPolicy, "on a fresh instance restored from its state_dict"),
         (DequeStatePolicy, "is not JSON-serialisable"),
     ],
-    "check_only_hybrid_never_deadlocks": [(QueueFloorPolicy, "should_activate_after_step returned False in an only-hybrid")],
+    "check_only_hybrid_never_deadlocks": [
+        (QueueFloorPolicy, "should_activate_after_step returned False in an only-hybrid")
+    ],
     "check_picklable": [(LambdaAttributePolicy, "pickle round trip failed")],
     "check_decision_latency": [(SlowPolicy, "should_activate_after_step took a median")],
     "check_e2e_training_finishes": [
-        (AlarmGuardedPolicy, "should_activate_after_step at step 0: raised ValueError: signal only works in main thread"),
+        (
+            AlarmGuardedPolicy,
+            "should_activate_after_step at step 0: raised ValueError: signal only works in main thread",
+        ),
     ],
     "check_e2e_samples_accounted": [(SampleDroppingPolicy, "unaccounted")],
     "check_e2e_not_slower_than_baseline": [(HoardingPolicy, "expected at most 10% slower")],

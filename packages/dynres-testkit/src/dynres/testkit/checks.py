@@ -51,22 +51,22 @@ from dynres.core.policy import POLICY_METHODS, Policy, validate_policy_class
 __all__ = [
     "BASELINE_MARGIN",
     "BASELINE_POLICY",
-    "CheckResult",
-    "CheckSkipped",
     "END_TO_END_CHECKS",
     "LATENCY_MAX_S",
     "LATENCY_MEDIAN_S",
+    "CheckResult",
+    "CheckSkipped",
     "PolicyCheckFailure",
     "PolicyCheckWarning",
     "all_checks",
     "check_constructible_with_defaults",
     "check_context_not_mutated",
-    "check_e2e_not_slower_than_baseline",
-    "check_e2e_samples_accounted",
-    "check_e2e_training_finishes",
     "check_decision_latency",
     "check_decision_types",
     "check_deterministic",
+    "check_e2e_not_slower_than_baseline",
+    "check_e2e_samples_accounted",
+    "check_e2e_training_finishes",
     "check_only_hybrid_never_deadlocks",
     "check_params_reject_unknown_keys",
     "check_picklable",
@@ -242,8 +242,7 @@ def _call(subject: _Subject, check: str, policy: Policy, method: str, ctx: Sched
         raise
     except Exception as exc:
         raise subject.fail(
-            check, f"{method} raised {_exc(exc)}; a policy must answer every valid context. "
-            f"Context: {_show(ctx)}"
+            check, f"{method} raised {_exc(exc)}; a policy must answer every valid context. Context: {_show(ctx)}"
         ) from exc
 
 
@@ -336,23 +335,22 @@ def check_constructible_with_defaults(policy: PolicySpec) -> None:
             built = cls(*args)
         except Exception as exc:
             raise subject.fail(
-                name, f"{call} raised {_exc(exc)}; a policy must build with no params, so give "
-                "every Params field a default"
+                name,
+                f"{call} raised {_exc(exc)}; a policy must build with no params, so give every Params field a default",
             ) from exc
         params = getattr(built, "params", None)
         if not isinstance(params, cls.Params):
             raise subject.fail(
-                name, f"{call}.params is {params!r} ({type(params).__name__}); expected an "
-                f"instance of {cls.__qualname__}.Params (call super().__init__(params))"
+                name,
+                f"{call}.params is {params!r} ({type(params).__name__}); expected an "
+                f"instance of {cls.__qualname__}.Params (call super().__init__(params))",
             )
         try:
             defaults = cls.Params()
         except Exception as exc:
             raise subject.fail(name, f"{cls.__qualname__}.Params() raised {_exc(exc)}") from exc
         if params != defaults:
-            raise subject.fail(
-                name, f"{call}.params is {params!r}; expected the defaults {defaults!r}"
-            )
+            raise subject.fail(name, f"{call}.params is {params!r}; expected the defaults {defaults!r}")
 
 
 def check_params_reject_unknown_keys(policy: PolicySpec) -> None:
@@ -365,20 +363,20 @@ def check_params_reject_unknown_keys(policy: PolicySpec) -> None:
         built = subject.cls(bad)
     except DynresError as exc:
         if UNKNOWN_PARAM not in str(exc):
-            raise subject.fail(
-                name, f"the error for unknown param {UNKNOWN_PARAM!r} does not name it: {exc}"
-            ) from None
+            raise subject.fail(name, f"the error for unknown param {UNKNOWN_PARAM!r} does not name it: {exc}") from None
         return
     except Exception as exc:
         raise subject.fail(
-            name, f"unknown param {UNKNOWN_PARAM!r} raised {_exc(exc)}; expected a "
-            "dynres.core.errors.PolicyParamsError naming the key (let Policy.__init__ validate)"
+            name,
+            f"unknown param {UNKNOWN_PARAM!r} raised {_exc(exc)}; expected a "
+            "dynres.core.errors.PolicyParamsError naming the key (let Policy.__init__ validate)",
         ) from exc
     raise subject.fail(
-        name, f"{subject.cls.__qualname__}({{..., {UNKNOWN_PARAM!r}: 1}}) was accepted "
+        name,
+        f"{subject.cls.__qualname__}({{..., {UNKNOWN_PARAM!r}: 1}}) was accepted "
         f"(params={getattr(built, 'params', None)!r}); expected PolicyParamsError, because a "
         "typo in a config must not be ignored (keep extra='forbid' and pass params to "
-        "Policy.__init__ unfiltered)"
+        "Policy.__init__ unfiltered)",
     )
 
 
@@ -415,8 +413,9 @@ def check_decision_types(policy: PolicySpec, *, max_examples: int = EXAMPLES) ->
                         _EXPECTED_TYPES[method]
                     ]
                     raise subject.fail(
-                        name, f"{method} returned {value!r} of type {type(value).__name__}; "
-                        f"expected {_EXPECTED_TYPES[method]} ({hint}). Context: {_show(ctx)}"
+                        name,
+                        f"{method} returned {value!r} of type {type(value).__name__}; "
+                        f"expected {_EXPECTED_TYPES[method]} ({hint}). Context: {_show(ctx)}",
                     )
 
     _for_all(_sequences(), body, max_examples=max_examples)
@@ -442,9 +441,10 @@ def check_wait_bounds(policy: PolicySpec, *, max_examples: int = EXAMPLES) -> No
                         "staleness buffer, so the trainer would wait for samples that cannot come"
                     )
                     raise subject.fail(
-                        name, f"deactivate_wait_samples returned {wait!r}; expected a count in "
+                        name,
+                        f"deactivate_wait_samples returned {wait!r}; expected a count in "
                         f"[0, step_required_samples + buffer_samples] = [0, {limit}] ({why}). "
-                        f"Context: {_show(ctx)}"
+                        f"Context: {_show(ctx)}",
                     )
             for method in ("should_activate_after_step", "update_after_step"):
                 _call(subject, name, pol, method, ctx)
@@ -475,10 +475,11 @@ def check_deterministic(policy: PolicySpec, *, max_examples: int = EXAMPLES) -> 
                 method, x, y = diff
                 found.append(
                     subject.fail(
-                        name, f"{method} answered {x!r} and then {y!r} for the same context "
+                        name,
+                        f"{method} answered {x!r} and then {y!r} for the same context "
                         f"and equal state (a deepcopy, after {index} earlier cycles); decisions "
                         "must depend only on the policy's state and the context (no clocks, "
-                        f"random numbers or globals). Context: {_show(ctx)}"
+                        f"random numbers or globals). Context: {_show(ctx)}",
                     )
                 )
                 return
@@ -503,12 +504,17 @@ def check_context_not_mutated(policy: PolicySpec, *, max_examples: int = EXAMPLE
                 _call(subject, name, pol, method, ctx)
                 after = dict(ctx.__dict__)
                 if before != after:
-                    changed = sorted(set(before) ^ set(after) | {k for k in before if k in after and before[k] != after[k]})
-                    shown = ", ".join(f"{k}: {before.get(k, '<absent>')!r} -> {after.get(k, '<absent>')!r}" for k in changed)
+                    changed = sorted(
+                        set(before) ^ set(after) | {k for k in before if k in after and before[k] != after[k]}
+                    )
+                    shown = ", ".join(
+                        f"{k}: {before.get(k, '<absent>')!r} -> {after.get(k, '<absent>')!r}" for k in changed
+                    )
                     raise subject.fail(
-                        name, f"{method} changed the context ({shown}); a policy must treat the "
+                        name,
+                        f"{method} changed the context ({shown}); a policy must treat the "
                         "context as read-only and keep its own state on self. Context before: "
-                        f"{_show(ScheduleContext.model_construct(**before))}"
+                        f"{_show(ScheduleContext.model_construct(**before))}",
                     )
 
     _for_all(_sequences(), body, max_examples=max_examples)
@@ -529,24 +535,24 @@ def check_state_dict_json_round_trip(policy: PolicySpec, *, max_examples: int = 
         except Exception as exc:
             raise subject.fail(name, f"state_dict() raised {_exc(exc)}") from exc
         if not isinstance(state, Mapping):
-            raise subject.fail(
-                name, f"state_dict() returned {type(state).__name__}; expected a dict of JSON data"
-            )
+            raise subject.fail(name, f"state_dict() returned {type(state).__name__}; expected a dict of JSON data")
         try:
             text = json.dumps(state, allow_nan=False)
         except (TypeError, ValueError) as exc:
             raise subject.fail(
-                name, f"state_dict() after {split} cycles is not JSON-serialisable ({_exc(exc)}); "
+                name,
+                f"state_dict() after {split} cycles is not JSON-serialisable ({_exc(exc)}); "
                 f"state was {state!r}; convert deques/sets/tuples to lists and numpy numbers to "
-                "float/int, and keep numbers finite"
+                "float/int, and keep numbers finite",
             ) from None
         restored = subject.cls(pol.params)
         try:
             restored.load_state_dict(json.loads(text))
         except Exception as exc:
             raise subject.fail(
-                name, f"load_state_dict(json.loads(json.dumps(state_dict()))) raised {_exc(exc)} "
-                f"on a fresh instance; state was {text}"
+                name,
+                f"load_state_dict(json.loads(json.dumps(state_dict()))) raised {_exc(exc)} "
+                f"on a fresh instance; state was {text}",
             ) from exc
         try:
             again = _sorted_json(restored.state_dict())
@@ -554,18 +560,19 @@ def check_state_dict_json_round_trip(policy: PolicySpec, *, max_examples: int = 
             raise subject.fail(name, f"state_dict() of the restored policy raised {_exc(exc)}") from None
         if again != _sorted_json(json.loads(text)):
             raise subject.fail(
-                name, f"after load_state_dict the restored policy's state_dict() is {again}; "
-                f"expected what was saved, {text}"
+                name,
+                f"after load_state_dict the restored policy's state_dict() is {again}; expected what was saved, {text}",
             )
         for index, ctx in enumerate(contexts[split:]):
             diff = _first_difference(_cycle(subject, name, pol, ctx), _cycle(subject, name, restored, ctx))
             if diff:
                 method, x, y = diff
                 raise subject.fail(
-                    name, f"{method} answered {x!r} on the original policy but {y!r} on a fresh "
+                    name,
+                    f"{method} answered {x!r} on the original policy but {y!r} on a fresh "
                     f"instance restored from its state_dict ({text}), {index} cycles after the "
                     "save; state_dict must hold everything the decisions depend on. Context: "
-                    f"{_show(ctx)}"
+                    f"{_show(ctx)}",
                 )
 
     _for_all(_sequences(min_size=2), body, max_examples=max_examples)
@@ -590,10 +597,11 @@ def check_only_hybrid_never_deadlocks(policy: PolicySpec, *, max_examples: int =
             answer = _call(subject, name, pol, "should_activate_after_step", idle)
             if answer is not True:
                 raise subject.fail(
-                    name, f"should_activate_after_step returned {answer!r} in an only-hybrid "
+                    name,
+                    f"should_activate_after_step returned {answer!r} in an only-hybrid "
                     "cluster (num_standalone_replicas=0) with hybrid replicas inactive; expected "
                     "True, since no replica would generate and training would deadlock (test "
-                    f"ctx.only_hybrid first). Context: {_show(idle)}"
+                    f"ctx.only_hybrid first). Context: {_show(idle)}",
                 )
             _cycle(subject, name, pol, ctx)
 
@@ -614,17 +622,19 @@ def check_picklable(policy: PolicySpec, *, max_examples: int = EXAMPLES // 2) ->
             clone = pickle.loads(pickle.dumps(pol))
         except Exception as exc:
             raise subject.fail(
-                name, f"pickle round trip failed: {_exc(exc)}; a policy may be sent to another "
-                "process (a Ray actor), so keep lambdas, locks, open files and clients off self"
+                name,
+                f"pickle round trip failed: {_exc(exc)}; a policy may be sent to another "
+                "process (a Ray actor), so keep lambdas, locks, open files and clients off self",
             ) from None
         for index, ctx in enumerate(contexts[split:]):
             diff = _first_difference(_cycle(subject, name, pol, ctx), _cycle(subject, name, clone, ctx))
             if diff:
                 method, x, y = diff
                 raise subject.fail(
-                    name, f"{method} answered {x!r} on the original but {y!r} on its pickled "
+                    name,
+                    f"{method} answered {x!r} on the original but {y!r} on its pickled "
                     f"copy, {index} cycles after the copy; pickling must keep the state the "
-                    f"decisions depend on. Context: {_show(ctx)}"
+                    f"decisions depend on. Context: {_show(ctx)}",
                 )
 
     _for_all(_sequences(min_size=2), body, max_examples=max_examples)
@@ -669,11 +679,12 @@ def check_decision_latency(
         median, worst = statistics.median(samples), max(samples)
         if median > median_s or worst > max_s:
             raise subject.fail(
-                name, f"{method} took a median {median * 1e3:.3f} ms and at most {worst * 1e3:.3f} "
+                name,
+                f"{method} took a median {median * 1e3:.3f} ms and at most {worst * 1e3:.3f} "
                 f"ms over {len(samples)} calls; the budget is a median under {median_s * 1e3:g} ms "
                 f"and every call under {max_s * 1e3:g} ms, because the controller calls the "
                 "policy on the training loop's critical path (no I/O, no sleeping, no heavy "
-                "computation per call)"
+                "computation per call)",
             )
 
 
@@ -720,8 +731,7 @@ def _simulate(subject: _Subject | None, check: str, scenario: str) -> Any:
         from dynres.testkit.scenarios import short_scenario
     except ImportError as exc:
         raise CheckSkipped(
-            f"{check} needs the dynres simulator, which could not be imported ({exc}); "
-            "install dynres-runtime"
+            f"{check} needs the dynres simulator, which could not be imported ({exc}); install dynres-runtime"
         ) from None
     if subject is not None:
         try:
@@ -756,16 +766,16 @@ def _simulate(subject: _Subject | None, check: str, scenario: str) -> Any:
                 _SIM_CACHE.popitem(last=False)
     if isinstance(outcome, BaseException):
         raise PolicyCheckFailure(
-            check, label, f"the simulated run of short scenario {scenario!r} failed: {_exc(outcome)}"
-            f"{_reproduce(scenario)}"
+            check,
+            label,
+            f"the simulated run of short scenario {scenario!r} failed: {_exc(outcome)}{_reproduce(scenario)}",
         ) from outcome
     return outcome
 
 
 def _reproduce(scenario: str) -> str:
     return (
-        f" (reproduce: dynres.runtime.sim.simulate(dynres.testkit.scenarios.short_scenario("
-        f"{scenario!r}), policy=...))"
+        f" (reproduce: dynres.runtime.sim.simulate(dynres.testkit.scenarios.short_scenario({scenario!r}), policy=...))"
     )
 
 
@@ -797,28 +807,28 @@ def check_e2e_training_finishes(policy: PolicySpec) -> None:
         steps = result.scenario.steps
         if len(report.cycles) != steps:
             raise subject.fail(
-                name, f"short scenario {scenario!r} ran {len(report.cycles)} of {steps} sync cycles"
-                f"{_reproduce(scenario)}"
+                name,
+                f"short scenario {scenario!r} ran {len(report.cycles)} of {steps} sync cycles{_reproduce(scenario)}",
             )
         needed = steps * result.scenario.step_required_samples
         if report.samples.consumed != needed:
             raise subject.fail(
-                name, f"short scenario {scenario!r}: the trainer consumed "
+                name,
+                f"short scenario {scenario!r}: the trainer consumed "
                 f"{report.samples.consumed} samples; expected {needed} ({steps} cycles x "
-                f"{result.scenario.step_required_samples}){_reproduce(scenario)}"
+                f"{result.scenario.step_required_samples}){_reproduce(scenario)}",
             )
         if report.policy_fallbacks:
             first = _first_fallback(report)
             detail = (
-                f"; first: {first.method} at step {first.global_steps}: {first.reason}"
-                if first is not None
-                else ""
+                f"; first: {first.method} at step {first.global_steps}: {first.reason}" if first is not None else ""
             )
             raise subject.fail(
-                name, f"short scenario {scenario!r}: the runtime had to replace "
+                name,
+                f"short scenario {scenario!r}: the runtime had to replace "
                 f"{report.policy_fallbacks} of the policy's answers with safe fallbacks{detail}; "
                 "the runtime calls the policy from a worker thread, under a timeout, and needs "
-                f"the documented return types{_reproduce(scenario)}"
+                f"the documented return types{_reproduce(scenario)}",
             )
 
 
@@ -848,9 +858,11 @@ def check_e2e_samples_accounted(policy: PolicySpec) -> None:
             )
         if problems:
             raise subject.fail(
-                name, f"short scenario {scenario!r}: " + "; ".join(problems)
+                name,
+                f"short scenario {scenario!r}: "
+                + "; ".join(problems)
                 + f"; every sample must be trained on, dropped as stale or still queued, exactly "
-                f"once{_reproduce(scenario)}"
+                f"once{_reproduce(scenario)}",
             )
 
 
@@ -863,10 +875,11 @@ def check_e2e_not_slower_than_baseline(policy: PolicySpec, *, margin: float = BA
         base = _simulate(None, name, scenario).end_to_end_s
         if mine > base * (1.0 + margin):
             raise subject.fail(
-                name, f"short scenario {scenario!r}: end-to-end {mine:.1f} s vs {base:.1f} s for "
+                name,
+                f"short scenario {scenario!r}: end-to-end {mine:.1f} s vs {base:.1f} s for "
                 f"the {BASELINE_POLICY} baseline ({mine / base - 1:+.1%}); expected at most "
                 f"{margin:.0%} slower. Lending trainer GPUs must not cost more than it saves "
-                f"(too many switches, or waiting too long before deactivating){_reproduce(scenario)}"
+                f"(too many switches, or waiting too long before deactivating){_reproduce(scenario)}",
             )
 
 

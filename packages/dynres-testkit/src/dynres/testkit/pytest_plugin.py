@@ -106,9 +106,7 @@ class _ConformanceSuite(pytest.Collector):
             label = policy_label(spec)
             for check in checks:
                 item_id = f"{check.__name__}[{label}]"
-                yield PolicyCheckItem.from_parent(
-                    self, name=item_id, nodeid=item_id, spec=spec, check=check
-                )
+                yield PolicyCheckItem.from_parent(self, name=item_id, nodeid=item_id, spec=spec, check=check)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -119,9 +117,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     suite = _ConformanceSuite.from_parent(session, name=_SUITE_ID, nodeid=_SUITE_ID)
     checks = list(suite.collect())
     # Report them like any collected node so "collected N items" counts them.
-    session.ihook.pytest_collectreport(
-        report=pytest.CollectReport(_SUITE_ID, "passed", None, checks)
-    )
+    session.ihook.pytest_collectreport(report=pytest.CollectReport(_SUITE_ID, "passed", None, checks))
     items.extend(checks)
 
 

@@ -48,9 +48,7 @@ def _maybe_zero(strategy: st.SearchStrategy[float]) -> st.SearchStrategy[float]:
 
 
 @st.composite
-def _cluster(
-    draw: st.DrawFn, only_hybrid: bool | None, is_hybrid_active: bool | None
-) -> dict[str, Any]:
+def _cluster(draw: st.DrawFn, only_hybrid: bool | None, is_hybrid_active: bool | None) -> dict[str, Any]:
     """Draw the facts that stay fixed during a run: batch shape and replica counts."""
     if only_hybrid is None:
         only_hybrid = draw(st.booleans())
@@ -88,10 +86,7 @@ def _cycle_state(
     standalone, hybrid = cluster["num_standalone_replicas"], cluster["num_hybrid_replicas"]
     expected = step_required * global_steps
 
-    if is_hybrid_active is None:
-        active = hybrid > 0 and draw(st.booleans())
-    else:
-        active = is_hybrid_active and hybrid > 0
+    active = hybrid > 0 and draw(st.booleans()) if is_hybrid_active is None else is_hybrid_active and hybrid > 0
     num_active = standalone + (hybrid if active else 0)
 
     # Production can lag the trainer (negative surplus, the trainer waits) or run ahead of it by

@@ -135,14 +135,12 @@ class _FaultsMixin:
         return [
             r
             for r in self.log
-            if r.target == self.target
-            and (op is None or r.op == op)
-            and (event is None or r.event == event)
+            if r.target == self.target and (op is None or r.op == op) and (event is None or r.event == event)
         ]
 
 
 class _Gen:
-    __slots__ = ("request", "produced", "target", "aborted", "wake")
+    __slots__ = ("aborted", "produced", "request", "target", "wake")
 
     def __init__(self, request: GenerationRequest, target: int) -> None:
         self.request = request
@@ -389,9 +387,7 @@ class FakeReplica(_FaultsMixin):
         self._check_alive("sleep")
         await self._enter("sleep", f"level={level}")
         if self._gens:
-            self.violations.append(
-                f"sleep on {self.replica_id} with {len(self._gens)} requests in flight"
-            )
+            self.violations.append(f"sleep on {self.replica_id} with {len(self._gens)} requests in flight")
             for g in self._gens.values():
                 g.aborted = True
                 g.wake.set()
@@ -418,9 +414,7 @@ class FakeReplica(_FaultsMixin):
         self._check_alive("update_weights")
         await self._enter("update_weights", f"version={update.version}")
         if not self.weights_loaded:
-            self.violations.append(
-                f"update_weights(v{update.version}) on {self.replica_id} with weights offloaded"
-            )
+            self.violations.append(f"update_weights(v{update.version}) on {self.replica_id} with weights offloaded")
         self.weight_version = update.version
         self._record("update_weights", "end", f"version={update.version}")
 
@@ -543,9 +537,7 @@ class FakeTrainEngine(_FaultsMixin):
     def costs(self) -> OperationCosts:
         """The configured latencies as cost estimates (seconds)."""
         lat = self.latency
-        return OperationCosts(
-            offload_s=lat["offload"], onload_s=lat["onload"], export_weights_s=lat["export_weights"]
-        )
+        return OperationCosts(offload_s=lat["offload"], onload_s=lat["onload"], export_weights_s=lat["export_weights"])
 
     async def shutdown(self) -> None:
         """Nothing to release."""

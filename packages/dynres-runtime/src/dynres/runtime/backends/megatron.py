@@ -39,13 +39,13 @@ from typing import Any
 
 from dynres.core.errors import BackendError
 from dynres.runtime.backends.extras import require_module
+from dynres.runtime.backends.torch_engine import TensorOffloader, offloadable_tensors
+from dynres.runtime.backends.weights import DEFAULT_BUCKET_BYTES, bucketize
 from dynres.runtime.protocols import (
     OperationCosts,
     TrainStepResult,
     WeightUpdate,
 )
-from dynres.runtime.backends.torch_engine import TensorOffloader, offloadable_tensors
-from dynres.runtime.backends.weights import DEFAULT_BUCKET_BYTES, bucketize
 
 
 def _torch():
@@ -89,8 +89,10 @@ class AttentionLayout:
     def heads_per_group(self) -> int:
         """Query heads sharing one key/value head (count)."""
         if self.num_attention_heads % self.num_query_groups:
-            raise BackendError(f"{self.num_attention_heads} attention heads do not divide into "
-                               f"{self.num_query_groups} query groups; fix the model config")
+            raise BackendError(
+                f"{self.num_attention_heads} attention heads do not divide into "
+                f"{self.num_query_groups} query groups; fix the model config"
+            )
         return self.num_attention_heads // self.num_query_groups
 
 
@@ -136,8 +138,13 @@ _TOP_RENAMES = {
 }
 
 
-def megatron_to_hf(state: Mapping[str, Any] | Iterable[tuple[str, Any]], layout: AttentionLayout, *,
-                   gated_mlp: bool = True, layer_offset: int = 0) -> Iterator[tuple[str, Any]]:
+def megatron_to_hf(
+    state: Mapping[str, Any] | Iterable[tuple[str, Any]],
+    layout: AttentionLayout,
+    *,
+    gated_mlp: bool = True,
+    layer_offset: int = 0,
+) -> Iterator[tuple[str, Any]]:
     """Yield ``(HF name, tensor)`` for a Megatron GPT state dict (``_extra_state`` entries skipped).
 
     ``layer_offset`` shifts layer numbers (for a pipeline stage that starts mid-model).
@@ -151,8 +158,10 @@ def megatron_to_hf(state: Mapping[str, Any] | Iterable[tuple[str, Any]], layout:
             continue
         m = _LAYER.match(name)
         if m is None:
-            raise BackendError(f"no HF name for Megatron parameter {name!r}; extend "
-                               "dynres.runtime.backends.megatron's mapping for this architecture")
+            raise BackendError(
+                f"no HF name for Megatron parameter {name!r}; extend "
+                "dynres.runtime.backends.megatron's mapping for this architecture"
+            )
         layer, suffix = int(m.group(1)) + layer_offset, m.group(2)
         prefix = f"model.layers.{layer}."
         if suffix in _LAYER_RENAMES:
@@ -171,12 +180,15 @@ def megatron_to_hf(state: Mapping[str, Any] | Iterable[tuple[str, Any]], layout:
             else:
                 yield prefix + "mlp.up_proj.weight", t
         else:
-            raise BackendError(f"no HF name for Megatron parameter {name!r}; extend "
-                               "dynres.runtime.backends.megatron's mapping for this architecture")
+            raise BackendError(
+                f"no HF name for Megatron parameter {name!r}; extend "
+                "dynres.runtime.backends.megatron's mapping for this architecture"
+            )
 
 
-def hf_to_megatron(hf_state: Mapping[str, Any], layout: AttentionLayout, *, fused_layernorm: bool = False,
-                   gated_mlp: bool = True) -> dict[str, Any]:
+def hf_to_megatron(
+    hf_state: Mapping[str, Any], layout: AttentionLayout, *, fused_layernorm: bool = False, gated_mlp: bool = True
+) -> dict[str, Any]:
     """Megatron GPT state dict from a HF Qwen2/Llama state dict (inverse of :func:`megatron_to_hf`).
 
     ``fused_layernorm`` selects the Transformer-Engine names (norm weights inside linear_qkv/fc1).
@@ -212,13 +224,17 @@ def hf_to_megatron(hf_state: Mapping[str, Any], layout: AttentionLayout, *, fuse
             kind = suffix.rsplit(".", 1)[1]
             base = f"model.layers.{i}.self_attn."
             out[prefix + f"self_attention.linear_qkv.{kind}"] = fuse_qkv(
-                hf_state[base + f"q_proj.{kind}"], hf_state[base + f"k_proj.{kind}"],
-                hf_state[base + f"v_proj.{kind}"], layout)
+                hf_state[base + f"q_proj.{kind}"],
+                hf_state[base + f"k_proj.{kind}"],
+                hf_state[base + f"v_proj.{kind}"],
+                layout,
+            )
         elif suffix.startswith(("self_attn.k_proj.", "self_attn.v_proj.")):
             continue  # fused together with q_proj above
         elif suffix == "mlp.gate_proj.weight":
-            out[prefix + "mlp.linear_fc1.weight"] = torch.cat(
-                [t, hf_state[f"model.layers.{i}.mlp.up_proj.weight"]], dim=0) if gated_mlp else t
+            out[prefix + "mlp.linear_fc1.weight"] = (
+                torch.cat([t, hf_state[f"model.layers.{i}.mlp.up_proj.weight"]], dim=0) if gated_mlp else t
+            )
         elif suffix == "mlp.up_proj.weight":
             if not gated_mlp:
                 out[prefix + "mlp.linear_fc1.weight"] = t
@@ -242,10 +258,16 @@ class MegatronTrainEngine:
     are project-specific, while memory hand-over and weight export are what dynres needs.
     """
 
-    def __init__(self, model: Any, optimizer: Any = None, *,
-                 step_fn: Callable[[Any, Any, Sequence[Any]], TrainStepResult] | None = None,
-                 export_bucket_bytes: int = DEFAULT_BUCKET_BYTES, export_dtype: str | None = None,
-                 tie_word_embeddings: bool | None = None) -> None:
+    def __init__(
+        self,
+        model: Any,
+        optimizer: Any = None,
+        *,
+        step_fn: Callable[[Any, Any, Sequence[Any]], TrainStepResult] | None = None,
+        export_bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        export_dtype: str | None = None,
+        tie_word_embeddings: bool | None = None,
+    ) -> None:
         """Wrap ``model`` (a GPTModel, possibly DDP-wrapped) and its optimizer (any or None)."""
         self.torch = _torch()
         self.model = model
@@ -256,8 +278,11 @@ class MegatronTrainEngine:
         core = unwrap_model(model)
         self.layout = AttentionLayout.from_megatron_config(core.config)
         self.gated_mlp = bool(getattr(core.config, "gated_linear_unit", True))
-        self.tie_word_embeddings = (bool(getattr(core, "share_embeddings_and_output_weights", False))
-                                    if tie_word_embeddings is None else tie_word_embeddings)
+        self.tie_word_embeddings = (
+            bool(getattr(core, "share_embeddings_and_output_weights", False))
+            if tie_word_embeddings is None
+            else tie_word_embeddings
+        )
         self.version = 0
         self._offloader = TensorOffloader()
         self._lock = asyncio.Lock()
@@ -269,8 +294,10 @@ class MegatronTrainEngine:
         if self._offloader.offloaded:
             raise BackendError("train_step called while the trainer is offloaded; await onload() first")
         if self.step_fn is None:
-            raise BackendError("MegatronTrainEngine has no step_fn; pass step_fn=(model, optimizer, batch) -> "
-                               "TrainStepResult (Megatron's forward needs CUDA)")
+            raise BackendError(
+                "MegatronTrainEngine has no step_fn; pass step_fn=(model, optimizer, batch) -> "
+                "TrainStepResult (Megatron's forward needs CUDA)"
+            )
         async with self._lock:
             result = await asyncio.to_thread(self.step_fn, self.model, self.optimizer, batch)
             self.version += 1
@@ -326,8 +353,10 @@ class MegatronTrainEngine:
             return
         tp, pp = ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size()
         if tp != 1 or pp != 1:
-            raise BackendError(f"Megatron export supports tensor/pipeline parallel size 1 only (got TP={tp}, "
-                               f"PP={pp}); gather the shards first or run export on a TP=PP=1 copy")
+            raise BackendError(
+                f"Megatron export supports tensor/pipeline parallel size 1 only (got TP={tp}, "
+                f"PP={pp}); gather the shards first or run export on a TP=PP=1 copy"
+            )
 
     def hf_state(self) -> Iterator[tuple[str, Any]]:
         """``(HF name, tensor)`` of the model's current weights (no copy; see :meth:`export_weights`)."""
@@ -373,17 +402,23 @@ class MegatronTrainEngine:
             for name, p in params.items():
                 src = mstate[name]
                 if tuple(src.shape) != tuple(p.shape):
-                    raise BackendError(f"shape mismatch for {name}: HF gives {tuple(src.shape)}, "
-                                       f"Megatron has {tuple(p.shape)}; check the model configs match")
+                    raise BackendError(
+                        f"shape mismatch for {name}: HF gives {tuple(src.shape)}, "
+                        f"Megatron has {tuple(p.shape)}; check the model configs match"
+                    )
                 p.copy_(src)
 
     def costs(self) -> OperationCosts:
         """Measured mean offload / onload / export durations (seconds; None before the first)."""
+
         def mean(xs: list[float]) -> float | None:
             return sum(xs) / len(xs) if xs else None
 
-        return OperationCosts(offload_s=mean(self._times["offload"]), onload_s=mean(self._times["onload"]),
-                              export_weights_s=mean(self._times["export_weights"]))
+        return OperationCosts(
+            offload_s=mean(self._times["offload"]),
+            onload_s=mean(self._times["onload"]),
+            export_weights_s=mean(self._times["export_weights"]),
+        )
 
     async def shutdown(self) -> None:
         """Drop host copies and references to the model and optimizer."""
@@ -436,6 +471,13 @@ def tiny_gpt_model(hf_config: Any, *, seed: int = 0) -> Any:
 
 
 __all__ = [
-    "AttentionLayout", "MegatronTrainEngine", "fuse_qkv", "hf_to_megatron", "import_megatron_core",
-    "megatron_to_hf", "split_qkv", "tiny_gpt_model", "unwrap_model",
+    "AttentionLayout",
+    "MegatronTrainEngine",
+    "fuse_qkv",
+    "hf_to_megatron",
+    "import_megatron_core",
+    "megatron_to_hf",
+    "split_qkv",
+    "tiny_gpt_model",
+    "unwrap_model",
 ]

@@ -38,8 +38,8 @@ from typing import Any
 from dynres.core.errors import BackendError, ConfigError, MissingExtraError, did_you_mean
 from dynres.core.loading import import_object
 from dynres.runtime.backends.extras import require_module
-from dynres.runtime.protocols import OperationCosts, TrainStepResult, WeightUpdate
 from dynres.runtime.backends.weights import DEFAULT_BUCKET_BYTES, WeightBuckets, bucketize
+from dynres.runtime.protocols import OperationCosts, TrainStepResult, WeightUpdate
 
 
 def _torch():
@@ -265,7 +265,7 @@ class PreparedBatch:
 class _Avg:
     """Running mean of a duration (seconds)."""
 
-    __slots__ = ("total", "count")
+    __slots__ = ("count", "total")
 
     def __init__(self) -> None:
         """Start empty."""
@@ -298,8 +298,9 @@ def _field(obj: Any, name: str, default: Any = None) -> Any:
 class TorchTrainEngine:
     """A :class:`TrainEngine` that trains a HF causal LM with a GRPO-style clipped policy gradient."""
 
-    def __init__(self, model: Any, config: TorchTrainConfig | None = None,
-                 reward_fn: RewardFn | str | None = None) -> None:
+    def __init__(
+        self, model: Any, config: TorchTrainConfig | None = None, reward_fn: RewardFn | str | None = None
+    ) -> None:
         """Take ownership of ``model`` (a HF ``PreTrainedModel``), place it, build AdamW."""
         torch = _torch()
         self.torch = torch
@@ -312,7 +313,8 @@ class TorchTrainEngine:
         if self.config.fsdp:
             self._shard()
         self.optimizer = torch.optim.AdamW(
-            [p for p in self.model.parameters() if p.requires_grad], lr=self.config.lr,
+            [p for p in self.model.parameters() if p.requires_grad],
+            lr=self.config.lr,
             weight_decay=self.config.weight_decay,
         )
         self.version = 0
@@ -322,8 +324,13 @@ class TorchTrainEngine:
         self._avg = {op: _Avg() for op in ("offload", "onload", "export_weights")}
 
     @classmethod
-    def from_pretrained(cls, path: str, config: TorchTrainConfig | None = None,
-                        reward_fn: RewardFn | str | None = None, **config_fields: Any) -> TorchTrainEngine:
+    def from_pretrained(
+        cls,
+        path: str,
+        config: TorchTrainConfig | None = None,
+        reward_fn: RewardFn | str | None = None,
+        **config_fields: Any,
+    ) -> TorchTrainEngine:
         """Load a HF causal LM from local directory ``path`` and wrap it.
 
         ``config_fields`` override fields of ``config`` (e.g. ``lr=1e-4, seed=1``); ``reward_fn``
@@ -339,14 +346,17 @@ class TorchTrainEngine:
             known = {f.name for f in dataclasses.fields(TorchTrainConfig)}
             unknown = sorted(set(config_fields) - known)
             if unknown:
-                raise ConfigError(f"unknown TorchTrainConfig field(s) {unknown}{did_you_mean(unknown[0], known)}; "
-                                  f"valid fields: {sorted(known)}")
+                raise ConfigError(
+                    f"unknown TorchTrainConfig field(s) {unknown}{did_you_mean(unknown[0], known)}; "
+                    f"valid fields: {sorted(known)}"
+                )
             cfg = dataclasses.replace(cfg, **config_fields)
         try:
             model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, cfg.dtype))
         except (OSError, ValueError) as exc:
-            raise BackendError(f"could not load a causal LM from {path!r}: {exc}; "
-                               "pass a local HF model directory") from exc
+            raise BackendError(
+                f"could not load a causal LM from {path!r}: {exc}; pass a local HF model directory"
+            ) from exc
         own_parameter_storage(model)
         return cls(model, cfg, resolve_reward_fn(reward_fn))
 
@@ -357,8 +367,10 @@ class TorchTrainEngine:
         import torch.distributed as dist
 
         if not dist.is_available() or not dist.is_initialized():
-            raise BackendError("TorchTrainConfig.fsdp=True needs torch.distributed initialised first: "
-                               "call torch.distributed.init_process_group('gloo' or 'nccl') before building the engine")
+            raise BackendError(
+                "TorchTrainConfig.fsdp=True needs torch.distributed initialised first: "
+                "call torch.distributed.init_process_group('gloo' or 'nccl') before building the engine"
+            )
         from torch.distributed.fsdp import fully_shard
 
         layers = getattr(getattr(self.model, "model", self.model), "layers", None)
@@ -371,8 +383,10 @@ class TorchTrainEngine:
     def _compute_rewards(self, prompt: Sequence[int], responses: Sequence[list[int]]) -> list[float]:
         """Rewards of one group via ``reward_fn`` (raises when none is configured)."""
         if self.reward_fn is None:
-            raise BackendError("a sample has no rewards and TorchTrainEngine has no reward_fn; "
-                               "pass reward_fn=... or fill TrainSample.rewards")
+            raise BackendError(
+                "a sample has no rewards and TorchTrainEngine has no reward_fn; "
+                "pass reward_fn=... or fill TrainSample.rewards"
+            )
         return [float(self.reward_fn(prompt, r)) for r in responses]
 
     def prepare(self, batch: Sequence[Any], phase_times: dict[str, float] | None = None) -> PreparedBatch:
@@ -387,16 +401,20 @@ class TorchTrainEngine:
                 # dynres.runtime.samples.Sample keeps the prompt on its PromptGroup.
                 prompt_ids = _field(_field(sample, "group"), "prompt_token_ids")
             if prompt_ids is None:
-                raise BackendError(f"batch item {type(sample).__name__} has no prompt_token_ids (nor "
-                                   ".group.prompt_token_ids); pass TrainSample or runtime Sample objects")
+                raise BackendError(
+                    f"batch item {type(sample).__name__} has no prompt_token_ids (nor "
+                    ".group.prompt_token_ids); pass TrainSample or runtime Sample objects"
+                )
             prompt = [int(t) for t in prompt_ids]
             resps = list(_field(sample, "responses"))
             toks = [_tokens_of(r) for r in resps]
             rewards = _field(sample, "rewards")
             rewards = list(map(float, rewards)) if rewards is not None else self._compute_rewards(prompt, toks)
             if len(rewards) != len(toks):
-                raise BackendError(f"sample {_field(sample, 'sample_id', '')!r} has {len(toks)} responses "
-                                   f"but {len(rewards)} rewards; give one reward per response")
+                raise BackendError(
+                    f"sample {_field(sample, 'sample_id', '')!r} has {len(toks)} responses "
+                    f"but {len(rewards)} rewards; give one reward per response"
+                )
             groups.append((prompt, toks, rewards, resps))
         times["reward"] = time.perf_counter() - t0
 
@@ -426,9 +444,12 @@ class TorchTrainEngine:
             # Position t predicts token t+1: response tokens are predicted from len(p)-1 on.
             loss_mask[i, len(p) - 1 : len(ids) - 1] = 1.0
         prepared = PreparedBatch(
-            input_ids=input_ids.to(self.device), attention_mask=attn.to(self.device),
-            loss_mask=loss_mask.to(self.device), advantages=torch.tensor(advs, device=self.device),
-            old_log_probs=None, rewards=flat_rewards,
+            input_ids=input_ids.to(self.device),
+            attention_mask=attn.to(self.device),
+            loss_mask=loss_mask.to(self.device),
+            advantages=torch.tensor(advs, device=self.device),
+            old_log_probs=None,
+            rewards=flat_rewards,
         )
 
         t0 = time.perf_counter()
@@ -439,11 +460,13 @@ class TorchTrainEngine:
             old = torch.zeros((n, width - 1), dtype=torch.float32)
             i = 0
             for p, toks, _, resps in groups:
-                for toks_r, resp in zip(toks, resps):
+                for toks_r, resp in zip(toks, resps, strict=False):
                     lps = list(getattr(resp, "logprobs", ()) or ())
                     if len(lps) != len(toks_r):
-                        raise BackendError("recompute_old_log_prob=False needs rollout log-probs for every "
-                                           "response token; enable recompute_old_log_prob")
+                        raise BackendError(
+                            "recompute_old_log_prob=False needs rollout log-probs for every "
+                            "response token; enable recompute_old_log_prob"
+                        )
                     old[i, len(p) - 1 : len(p) - 1 + len(toks_r)] = torch.tensor(lps)
                     i += 1
             prepared.old_log_probs = old.to(self.device)
@@ -606,8 +629,11 @@ class TorchTrainEngine:
 
     def costs(self) -> OperationCosts:
         """Measured mean offload / onload / export durations (seconds; None before the first)."""
-        return OperationCosts(offload_s=self._avg["offload"].mean, onload_s=self._avg["onload"].mean,
-                              export_weights_s=self._avg["export_weights"].mean)
+        return OperationCosts(
+            offload_s=self._avg["offload"].mean,
+            onload_s=self._avg["onload"].mean,
+            export_weights_s=self._avg["export_weights"].mean,
+        )
 
     async def shutdown(self) -> None:
         """Drop the model, optimizer and any host copies."""
@@ -616,6 +642,13 @@ class TorchTrainEngine:
         self.model = None
 
 
-__all__ = ["PreparedBatch", "TensorOffloader", "TorchTrainConfig", "TorchTrainEngine", "TrainSample", "WeightBuckets",
-           "offloadable_tensors",
-           "resolve_reward_fn"]
+__all__ = [
+    "PreparedBatch",
+    "TensorOffloader",
+    "TorchTrainConfig",
+    "TorchTrainEngine",
+    "TrainSample",
+    "WeightBuckets",
+    "offloadable_tensors",
+    "resolve_reward_fn",
+]

@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dynres.core.errors import BackendError, BackendTimeoutError, MissingExtraError
+from dynres.runtime.backends.weights import WeightBuckets, remove_bucket_files, write_bucket_files
 from dynres.runtime.protocols import (
     GenerationRequest,
     GenerationResult,
@@ -58,7 +59,6 @@ from dynres.runtime.protocols import (
     ReplicaKind,
     WeightUpdate,
 )
-from dynres.runtime.backends.weights import WeightBuckets, remove_bucket_files, write_bucket_files
 
 log = logging.getLogger(__name__)
 
@@ -138,8 +138,15 @@ class VllmReplicaConfig:
     """Any other ``AsyncEngineArgs`` field, passed through unchanged."""
 
     @classmethod
-    def for_kind(cls, kind: ReplicaKind, model: str, *, gpu_memory_utilization: float = 0.9,
-                 standalone_gpu_memory_utilization: float | None = None, **kwargs: Any) -> VllmReplicaConfig:
+    def for_kind(
+        cls,
+        kind: ReplicaKind,
+        model: str,
+        *,
+        gpu_memory_utilization: float = 0.9,
+        standalone_gpu_memory_utilization: float | None = None,
+        **kwargs: Any,
+    ) -> VllmReplicaConfig:
         """Build a config whose memory fraction follows the rollout keys (standalone null -> shared)."""
         util = gpu_memory_utilization
         if kind == ReplicaKind.STANDALONE and standalone_gpu_memory_utilization is not None:
@@ -170,7 +177,7 @@ def _model_eos_ids(model_dir: str) -> tuple[int, ...]:
 class _Running:
     """Book-keeping of one in-flight request (tokens so far, abort flag)."""
 
-    __slots__ = ("token_ids", "logprobs", "abort_requested")
+    __slots__ = ("abort_requested", "logprobs", "token_ids")
 
     def __init__(self) -> None:
         """Start with no tokens."""
@@ -182,7 +189,7 @@ class _Running:
 class _Avg:
     """Running mean of an operation's duration (seconds)."""
 
-    __slots__ = ("total", "count")
+    __slots__ = ("count", "total")
 
     def __init__(self) -> None:
         """Start empty."""
@@ -249,8 +256,9 @@ class VllmReplica:
         return AsyncEngineArgs(**kwargs)
 
     @classmethod
-    async def create(cls, replica_id: str, config: VllmReplicaConfig,
-                     kind: ReplicaKind = ReplicaKind.STANDALONE) -> VllmReplica:
+    async def create(
+        cls, replica_id: str, config: VllmReplicaConfig, kind: ReplicaKind = ReplicaKind.STANDALONE
+    ) -> VllmReplica:
         """Start an engine for ``config`` without blocking the event loop; return the replica."""
         AsyncLLM, *_, platform = _import_vllm()
         if platform.is_cpu() and config.cpu_kv_cache_gib is not None:
@@ -278,7 +286,7 @@ class VllmReplica:
         limit = self.config.op_timeout_s if timeout is None else timeout
         try:
             result = await asyncio.wait_for(coro, limit)
-        except asyncio.TimeoutError as exc:
+        except TimeoutError as exc:
             raise BackendTimeoutError(
                 f"vLLM replica {self.replica_id!r}: {op} did not finish within {limit:.0f} s; "
                 "raise VllmReplicaConfig.op_timeout_s or check the engine's health"
@@ -324,8 +332,10 @@ class VllmReplica:
             raise BackendError(f"vLLM replica {self.replica_id!r} is shut down; route the request elsewhere")
         rid = request.request_id
         if rid in self._running:
-            raise BackendError(f"vLLM replica {self.replica_id!r}: request {rid!r} is already running here; "
-                               "request ids must be unique among in-flight requests")
+            raise BackendError(
+                f"vLLM replica {self.replica_id!r}: request {rid!r} is already running here; "
+                "request ids must be unique among in-flight requests"
+            )
         run = _Running()
         remaining = request.max_tokens - len(request.partial_token_ids)
         if remaining <= 0:
@@ -342,7 +352,7 @@ class VllmReplica:
                 run.token_ids.extend(new)
                 if comp.logprobs:
                     # logprobs=0 gives one dict per token holding only the sampled token.
-                    run.logprobs.extend(float(d[t].logprob) for t, d in zip(new, comp.logprobs))
+                    run.logprobs.extend(float(d[t].logprob) for t, d in zip(new, comp.logprobs, strict=False))
                 if out.finished:
                     # No break: vLLM ends the stream itself after the final output, and breaking
                     # would leave the generator to be closed later by the garbage collector.
@@ -353,8 +363,9 @@ class VllmReplica:
                     await self.engine.abort(rid)
         except Exception as exc:
             if self.engine.errored:
-                raise BackendError(f"vLLM replica {self.replica_id!r} engine died during {rid!r}: {exc}; "
-                                   "restart the replica") from exc
+                raise BackendError(
+                    f"vLLM replica {self.replica_id!r} engine died during {rid!r}: {exc}; restart the replica"
+                ) from exc
             raise BackendError(f"vLLM replica {self.replica_id!r}: generate {rid!r} failed: {exc}") from exc
         finally:
             self._running.pop(rid, None)
@@ -389,8 +400,11 @@ class VllmReplica:
         global _CPU_SLEEP_WARNED
         if self._on_cpu and not _CPU_SLEEP_WARNED:
             _CPU_SLEEP_WARNED = True
-            log.warning("vLLM on CPU has no sleep mode: replica %s pauses but frees no memory "
-                        "(KV cache and weights stay allocated)", self.replica_id)
+            log.warning(
+                "vLLM on CPU has no sleep mode: replica %s pauses but frees no memory "
+                "(KV cache and weights stay allocated)",
+                self.replica_id,
+            )
         # vLLM's sleep aborts what is still running; flag it so those results say "abort".
         for run in self._running.values():
             run.abort_requested = True
@@ -420,8 +434,9 @@ class VllmReplica:
             files = list(payload.files)
             if not files:
                 # Writing is CPU-bound: keep it off the event loop.
-                owned = await asyncio.to_thread(write_bucket_files, payload.buckets, self.config.weight_dir,
-                                                f"dynres-{self.replica_id}")
+                owned = await asyncio.to_thread(
+                    write_bucket_files, payload.buckets, self.config.weight_dir, f"dynres-{self.replica_id}"
+                )
                 files = owned
             try:
                 await self.engine.collective_rpc("dynres_load_weight_files", args=(files,))
@@ -430,8 +445,7 @@ class VllmReplica:
                     await asyncio.to_thread(remove_bucket_files, owned)
             # Cached prefixes hold KV computed with the old weights.
             if not await self.engine.reset_prefix_cache():
-                log.warning("replica %s: prefix cache not reset (requests still running hold blocks)",
-                            self.replica_id)
+                log.warning("replica %s: prefix cache not reset (requests still running hold blocks)", self.replica_id)
 
         await self._timed("update_weights", load())
         self.weight_version = update.version

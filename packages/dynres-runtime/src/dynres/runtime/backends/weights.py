@@ -109,8 +109,9 @@ def shm_dir() -> Path:
     return shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
 
 
-def write_bucket_files(buckets: Sequence[Mapping[str, Any]], directory: str | Path | None = None,
-                       prefix: str = "dynres-weights") -> list[str]:
+def write_bucket_files(
+    buckets: Sequence[Mapping[str, Any]], directory: str | Path | None = None, prefix: str = "dynres-weights"
+) -> list[str]:
     """Write each bucket as one safetensors file in a fresh directory; return the paths."""
     st = _safetensors_torch()
     base = Path(directory) if directory is not None else shm_dir()

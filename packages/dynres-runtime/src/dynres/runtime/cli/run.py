@@ -24,6 +24,7 @@ EXIT_INTERRUPTED = 130
 def _parse_set(values: tuple[str, ...]) -> dict[str, Any]:
     """``KEY=VALUE`` pairs (VALUE read as YAML, so numbers and booleans keep their type)."""
     import yaml
+
     from dynres.core.errors import ConfigError
 
     out: dict[str, Any] = {}
@@ -37,24 +38,43 @@ def _parse_set(values: tuple[str, ...]) -> dict[str, Any]:
 
 @click.command(name="run")
 @click.argument("config", type=click.Path(dir_okay=False))
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
-              help="Output directory (default: dynres-runs/<config name>).")
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Output directory (default: dynres-runs/<config name>).",
+)
 @click.option("--steps", type=int, default=None, help="Override run.steps (sync cycles).")
 @click.option("--policy", default=None, help="Override async_training.dynamic_schedule_policy.")
 @click.option("--address", default=None, help="Override cluster.address (join an existing Ray cluster).")
-@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
-              help="Override any key, dotted (repeatable), e.g. --set engines.runtime=local.")
+@click.option(
+    "--set",
+    "sets",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Override any key, dotted (repeatable), e.g. --set engines.runtime=local.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the RunReport as JSON on stdout.")
 @click.option("--no-progress", is_flag=True, help="No progress bar (cycle lines are still printed).")
 @click.option("--no-plots", is_flag=True, help="Do not write plots.")
 @click.option("-v", "--verbose", count=True, help="More log output (-v: info, -vv: debug).")
 def command(
-    config: str, out_dir: str | None, steps: int | None, policy: str | None, address: str | None,
-    sets: tuple[str, ...], as_json: bool, no_progress: bool, no_plots: bool, verbose: int,
+    config: str,
+    out_dir: str | None,
+    steps: int | None,
+    policy: str | None,
+    address: str | None,
+    sets: tuple[str, ...],
+    as_json: bool,
+    no_progress: bool,
+    no_plots: bool,
+    verbose: int,
 ) -> None:
     """Run fully-async training from CONFIG (engines, cluster, model, policy, steps) and report."""
-    from dynres.runtime.realrun import execute, load_run_config, load_run_policy, operations_lines, reward_key
     from rich.console import Console
+
+    from dynres.runtime.realrun import execute, load_run_config, load_run_policy, operations_lines, reward_key
 
     level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
@@ -95,8 +115,11 @@ def command(
 
     def on_status(status: dict[str, Any]) -> None:
         if progress is not None:
-            progress.update(task, status=f"{status.get('state', '?')} queue {status.get('queue', 0)} "
-                                         f"in-flight {status.get('in_flight', 0)}")
+            progress.update(
+                task,
+                status=f"{status.get('state', '?')} queue {status.get('queue', 0)} "
+                f"in-flight {status.get('in_flight', 0)}",
+            )
 
     try:
         if progress is not None:
@@ -139,8 +162,13 @@ def _progress(console: Any, total: int, *, disabled: bool) -> tuple[Any, Any]:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     progress = Progress(
-        TextColumn("[bold]cycles"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        TextColumn("{task.fields[status]}"), console=console, transient=True,
+        TextColumn("[bold]cycles"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[status]}"),
+        console=console,
+        transient=True,
     )
     task = progress.add_task("run", total=total, status="starting")
     return progress, task

@@ -231,4 +231,3 @@ def command(
     if plot_dir:
         paths = _write_plots(plot_dir, results)
         out.print(f"wrote {len(paths)} plots to {plot_dir}")
-

@@ -131,9 +131,7 @@ class LoadBalancer:
         """Make ``replica`` routable (it starts with 0 in flight); raise if its id is registered."""
         rid = replica.replica_id
         if rid in self._replicas:
-            raise RuntimeStateError(
-                f"replica {rid!r} is already registered in the load balancer; remove it first"
-            )
+            raise RuntimeStateError(f"replica {rid!r} is already registered in the load balancer; remove it first")
         self._replicas[rid] = replica
         self._next_epoch += 1
         self._epoch[rid] = self._next_epoch
@@ -202,9 +200,7 @@ class LoadBalancer:
                 f"{self._running[request_id]!r}; release it before routing it again"
             )
         if not self._replicas:
-            raise ReplicaUnavailableError(
-                f"no replica is routable for request {request_id!r}; add a replica first"
-            )
+            raise ReplicaUnavailableError(f"no replica is routable for request {request_id!r}; add a replica first")
         rid = None
         sticky = self._sticky.get(request_id)
         if sticky is not None:

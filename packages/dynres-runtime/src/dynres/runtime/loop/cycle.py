@@ -35,7 +35,6 @@ from typing import Any
 import pluggy
 
 from dynres.core.metrics import MicroStep, cycle_metrics, train_compute_time
-from dynres.runtime.protocols import Replica, TrainEngine, WeightUpdate
 from dynres.runtime.loop.controller import Controller
 from dynres.runtime.loop.decisions import DecisionGuard, DecisionRecord
 from dynres.runtime.loop.ops import OpRunner
@@ -43,6 +42,7 @@ from dynres.runtime.loop.queue import MessageQueue
 from dynres.runtime.loop.report import CycleReport
 from dynres.runtime.loop.rollouter import Rollouter
 from dynres.runtime.loop.tracker import CycleMeasurements, RunTracker
+from dynres.runtime.protocols import Replica, TrainEngine, WeightUpdate
 
 logger = logging.getLogger("dynres.runtime.loop.cycle")
 
@@ -109,9 +109,7 @@ class TrainerLoop:
         """Wait for one collection, activating hybrid replicas if nothing else could produce it."""
         required = self.tracker.required_samples
         while True:
-            batch = await self.queue.get_batch(
-                required, self.tracker.global_steps, exhausted=self._no_producer
-            )
+            batch = await self.queue.get_batch(required, self.tracker.global_steps, exhausted=self._no_producer)
             if batch is not None:
                 return batch
             if self.rollouter.finished():
@@ -123,8 +121,7 @@ class TrainerLoop:
             # died, or stale drops emptied an only-hybrid cycle): lend the trainer's GPUs.
             if not self.controller.usable_hybrid or self.last_update is None:
                 raise StopRun(
-                    "no replica can generate: every standalone replica failed and no hybrid "
-                    "replica is usable"
+                    "no replica can generate: every standalone replica failed and no hybrid replica is usable"
                 )
             logger.warning("no replica can generate the next collection; activating hybrid replicas")
             if not await self.controller.activate(self.last_update):
@@ -147,9 +144,7 @@ class TrainerLoop:
         self.last_update = update
         return update
 
-    async def _after_sync(
-        self, update: WeightUpdate, decisions: list[DecisionRecord]
-    ) -> tuple[bool, bool, int]:
+    async def _after_sync(self, update: WeightUpdate, decisions: list[DecisionRecord]) -> tuple[bool, bool, int]:
         """Steps 4-5: activation, rebalance, policy update; return (activated, rebalanced, moved)."""
         ctx = self.tracker.context()
         only_hybrid = self.only_hybrid
@@ -228,9 +223,7 @@ class TrainerLoop:
                 # Near the end of a run the queue may never reach the target: stop waiting once
                 # it holds all the run still needs.
                 await self.queue.wait_until(
-                    lambda: self.queue.size >= target
-                    or self.rollouter.finished()
-                    or self.rollouter.demand_queued()
+                    lambda: self.queue.size >= target or self.rollouter.finished() or self.rollouter.demand_queued()
                 )
                 wait_s = self._now() - t0
                 await self.controller.deactivate()
@@ -263,9 +256,7 @@ class TrainerLoop:
                 await self.controller.deactivate()
                 deactivate_s = self.controller.last_deactivate_duration_s
             ts = self._now()
-            result = await self.ops.one(
-                "train_step", "trainer", lambda b=batch: self.train_engine.train_step(b)
-            )
+            result = await self.ops.one("train_step", "trainer", lambda b=batch: self.train_engine.train_step(b))
             train_call_s += self._now() - ts
             train_metrics = dict(result.metrics)
             queue_after = self.queue.size

@@ -227,9 +227,7 @@ class DecisionGuard:
         if clamp is not None:
             new, why = clamp(value)
             if new != value:
-                logger.info(
-                    "policy %r %s: %r clamped to %r: %s", self.policy.name, method, value, new, why
-                )
+                logger.info("policy %r %s: %r clamped to %r: %s", self.policy.name, method, value, new, why)
                 value, clamped = new, True
                 reason = (reason + "; " if reason else "") + why
         record = DecisionRecord(

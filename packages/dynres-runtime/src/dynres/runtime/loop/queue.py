@@ -123,8 +123,7 @@ class MessageQueue:
             if s.staleness(trainer_version) > limit:
                 dropped += 1
                 logger.info(
-                    "dropping sample %s: started at weight version %d, trainer is at %d "
-                    "(max staleness %d versions)",
+                    "dropping sample %s: started at weight version %d, trainer is at %d (max staleness %d versions)",
                     s.sample_id,
                     s.start_version,
                     trainer_version,
@@ -150,9 +149,7 @@ class MessageQueue:
         if n < 1:
             raise RuntimeStateError(f"get_batch needs n >= 1 samples, got {n}")
         if n > self.max_size:
-            raise RuntimeStateError(
-                f"get_batch({n}) can never be served by a queue bounded at {self.max_size} samples"
-            )
+            raise RuntimeStateError(f"get_batch({n}) can never be served by a queue bounded at {self.max_size} samples")
         cond = self._condition()
         async with cond:
 

@@ -29,9 +29,9 @@ from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, It
 from dataclasses import dataclass
 
 from dynres.core.metrics import RolloutPoint, rollout_capacity
-from dynres.runtime.protocols import GenerationRequest, GenerationResult
 from dynres.runtime.loop.balancer import LoadBalancer
 from dynres.runtime.loop.queue import MessageQueue
+from dynres.runtime.protocols import GenerationRequest, GenerationResult
 from dynres.runtime.samples import PromptGroup, Sample
 
 logger = logging.getLogger("dynres.runtime.loop.rollouter")
@@ -247,7 +247,7 @@ class Rollouter:
 
     async def run(self) -> None:
         """Admission loop: admit samples while the rules allow, until stopped or exhausted."""
-        wake, idle = self._events()
+        wake, _idle = self._events()
         while not self._stopped:
             if not self.can_admit():
                 if self.source_exhausted and not self._resume:

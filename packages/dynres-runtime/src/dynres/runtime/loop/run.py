@@ -26,15 +26,17 @@ import pluggy
 
 from dynres.core import BoundPolicy, DynresConfig, Policy, get_plugin_manager
 from dynres.core.errors import ConfigError, RuntimeStateError
-from dynres.runtime.protocols import Replica, TrainEngine
 from dynres.runtime.loop.balancer import LoadBalancer
 from dynres.runtime.loop.clock import RunClock
 from dynres.runtime.loop.controller import Controller, ControllerState
+from dynres.runtime.loop.cycle import StopRun, TrainerLoop, maybe_await
 from dynres.runtime.loop.decisions import DecisionGuard, DecisionRecord
 from dynres.runtime.loop.ops import OpRunner
 from dynres.runtime.loop.queue import MessageQueue
 from dynres.runtime.loop.report import CycleReport, OperationTimings, RunReport, SampleCounters
 from dynres.runtime.loop.rollouter import PartialSample, PromptSource, Rollouter
+from dynres.runtime.loop.tracker import RunTracker
+from dynres.runtime.protocols import Replica, TrainEngine
 from dynres.runtime.samples import (
     PromptGroup,
     Sample,
@@ -45,8 +47,6 @@ from dynres.runtime.samples import (
     sample_from_dict,
     sample_to_dict,
 )
-from dynres.runtime.loop.tracker import RunTracker
-from dynres.runtime.loop.cycle import StopRun, TrainerLoop, maybe_await
 
 logger = logging.getLogger("dynres.runtime.loop.run")
 
@@ -127,9 +127,7 @@ class RunSpec:
                 "async_training.use_dynamic_resource_scheduling is false; set it to true or pass hybrid=[]"
             )
         if not self.standalone and not dynamic:
-            raise ConfigError(
-                "RunSpec.standalone is empty and dynamic scheduling is off: nothing would generate"
-            )
+            raise ConfigError("RunSpec.standalone is empty and dynamic scheduling is off: nothing would generate")
         ids = [r.replica_id for r in [*self.standalone, *self.hybrid]]
         dup = sorted({i for i in ids if ids.count(i) > 1})
         if dup:
@@ -178,9 +176,9 @@ class FullyAsyncRun:
             sticky_capacity=spec.sticky_capacity,
             partial_rollout=at.partial_rollout,
             on_change=lambda: self.rollouter.on_capacity_change() if self.rollouter is not None else None,
-            on_replica_failure=lambda rid, exc: self.controller.on_replica_failure(rid, exc)
-            if self.controller is not None
-            else None,
+            on_replica_failure=lambda rid, exc: (
+                self.controller.on_replica_failure(rid, exc) if self.controller is not None else None
+            ),
         )
         self.queue = MessageQueue(
             max_req,
@@ -236,9 +234,7 @@ class FullyAsyncRun:
             enable_rebalance=at.dynamic_schedule_enable_rebalance,
             partial_rollout=at.partial_rollout,
             hybrid_gpus=spec.hybrid_gpus if spec.hybrid_gpus is not None else cfg.trainer.n_gpus,
-            standalone_gpus=spec.standalone_gpus
-            if spec.standalone_gpus is not None
-            else cfg.rollout.n_gpus,
+            standalone_gpus=spec.standalone_gpus if spec.standalone_gpus is not None else cfg.rollout.n_gpus,
             now=now,
         )
         for r in spec.standalone:
@@ -272,9 +268,7 @@ class FullyAsyncRun:
             results = [result_from_dict(r) for r in d["results"]]
             if not partial_rollout:  # restart unfinished responses from scratch
                 results = [r if not r.aborted else _empty(r) for r in results]
-            partials.append(
-                PartialSample(group_from_dict(d["group"]), tuple(results), int(d["start_version"]), 0.0)
-            )
+            partials.append(PartialSample(group_from_dict(d["group"]), tuple(results), int(d["start_version"]), 0.0))
         self.rollouter.add_resumed(partials)
         logger.info(
             "resuming at global_steps=%d: %d queued samples, %d partial samples",

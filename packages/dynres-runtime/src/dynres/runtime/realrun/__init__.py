@@ -30,11 +30,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from pydantic import Field, create_model, model_validator
+
 from dynres.core.config import DynresConfig, StrictModel, policy_params_from_config, read_yaml, validate_model
 from dynres.core.errors import ConfigError, DynresError
-from dynres.runtime.protocols import ReplicaKind, TrainStepResult
 from dynres.runtime.backends.ray.cluster import RayClusterConfig
-from pydantic import Field, create_model, model_validator
+from dynres.runtime.protocols import ReplicaKind, TrainStepResult
 
 logger = logging.getLogger("dynres.runtime.realrun")
 
@@ -75,9 +76,7 @@ class EnginesSection(StrictModel):
     hybrid_options: dict[str, Any] = Field(
         default_factory=dict, description="Overrides of rollout_options for hybrid replicas only."
     )
-    trainer_options: dict[str, Any] = Field(
-        default_factory=dict, description="Keyword arguments of the train engine."
-    )
+    trainer_options: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the train engine.")
 
 
 def _tiny_spec_model() -> type[StrictModel]:
@@ -183,8 +182,14 @@ def load_run_policy(cfg: RunConfig) -> Any:
 
 
 async def build_replica(
-    *, replica_id: str, kind: str, engine: str, options: Mapping[str, Any], model_path: str | None,
-    gpu_memory_utilization: float = 0.5, standalone_gpu_memory_utilization: float | None = None,
+    *,
+    replica_id: str,
+    kind: str,
+    engine: str,
+    options: Mapping[str, Any],
+    model_path: str | None,
+    gpu_memory_utilization: float = 0.5,
+    standalone_gpu_memory_utilization: float | None = None,
     seed: int = 0,
 ) -> Any:
     """Build one replica of ``engine`` ("fake" or "vllm") with its options (memory fractions 0-1)."""
@@ -200,8 +205,11 @@ async def build_replica(
             raise ConfigError("engines.rollout is 'vllm' but no model path was prepared; set model.path")
         opts = {"seed": seed, **dict(options)}
         cfg = VllmReplicaConfig.for_kind(
-            k, model_path, gpu_memory_utilization=gpu_memory_utilization,
-            standalone_gpu_memory_utilization=standalone_gpu_memory_utilization, **opts,
+            k,
+            model_path,
+            gpu_memory_utilization=gpu_memory_utilization,
+            standalone_gpu_memory_utilization=standalone_gpu_memory_utilization,
+            **opts,
         )
         return await VllmReplica.create(replica_id, cfg, k)
     raise ConfigError(f"engines.rollout={engine!r} is not a known engine; use 'vllm' or 'fake'")
@@ -234,8 +242,11 @@ def prompt_groups(cfg: RunConfig) -> Iterator[Any]:
     n = cfg.actor_rollout_ref.rollout.n
     for k in itertools.count():
         yield PromptGroup(
-            sample_id=f"s{k}", prompt_token_ids=prompts[k % len(prompts)], n=n,
-            max_tokens=task.max_tokens, temperature=task.temperature,
+            sample_id=f"s{k}",
+            prompt_token_ids=prompts[k % len(prompts)],
+            n=n,
+            max_tokens=task.max_tokens,
+            temperature=task.temperature,
         )
 
 
@@ -288,8 +299,12 @@ class TrainTap:
 
 
 def build_spec(
-    *, standalone: Sequence[Any], hybrid: Sequence[Any], train_engine: Any,
-    progress: Callable[[Any], Any] | None, config: Mapping[str, Any],
+    *,
+    standalone: Sequence[Any],
+    hybrid: Sequence[Any],
+    train_engine: Any,
+    progress: Callable[[Any], Any] | None,
+    config: Mapping[str, Any],
 ) -> Any:
     """The RunSpec of a run file (``config`` is RunConfig data); runs where the loop will run."""
     from dynres.runtime.loop.run import RunSpec
@@ -303,10 +318,18 @@ def build_spec(
         return progress(cycle) if progress is not None else None
 
     return RunSpec(
-        config=cfg.dynres_config(), policy=policy, standalone=list(standalone), hybrid=list(hybrid),
-        train_engine=tap, prompts=prompt_groups(cfg), num_cycles=cfg.run.steps, progress=on_cycle,
-        op_timeout_s=cfg.run.op_timeout_s, policy_timeout_s=cfg.run.policy_timeout_s,
-        sleep_level=cfg.run.sleep_level, seed=cfg.run.seed,
+        config=cfg.dynres_config(),
+        policy=policy,
+        standalone=list(standalone),
+        hybrid=list(hybrid),
+        train_engine=tap,
+        prompts=prompt_groups(cfg),
+        num_cycles=cfg.run.steps,
+        progress=on_cycle,
+        op_timeout_s=cfg.run.op_timeout_s,
+        policy_timeout_s=cfg.run.policy_timeout_s,
+        sleep_level=cfg.run.sleep_level,
+        seed=cfg.run.seed,
     )
 
 
@@ -423,7 +446,9 @@ def _factories(cfg: RunConfig, model_path: str | None) -> tuple[Any, Any, Any]:
     eng = cfg.engines
     rollout = cfg.actor_rollout_ref.rollout
     common = {
-        "engine": eng.rollout, "model_path": model_path, "seed": cfg.run.seed,
+        "engine": eng.rollout,
+        "model_path": model_path,
+        "seed": cfg.run.seed,
         "gpu_memory_utilization": rollout.gpu_memory_utilization,
         "standalone_gpu_memory_utilization": rollout.standalone_gpu_memory_utilization,
     }
@@ -453,30 +478,37 @@ async def _run_local(cfg: RunConfig, model_path: str | None, sink: _Sink, backen
     s_f, h_f, t_f = _factories(cfg, model_path)
     dyn = cfg.dynres_config()
     t0 = time.perf_counter()
-    standalone = [await s_f.build(replica_id=f"standalone-{i}", kind="standalone") for i in range(dyn.num_standalone_replicas)]
+    standalone = [
+        await s_f.build(replica_id=f"standalone-{i}", kind="standalone") for i in range(dyn.num_standalone_replicas)
+    ]
     hybrid = [await h_f.build(replica_id=f"hybrid-{i}", kind="hybrid") for i in range(dyn.num_hybrid_replicas)]
     trainer = await t_f.build()
     backend["engines_start_s"] = time.perf_counter() - t0
     try:
-        spec = build_spec(standalone=standalone, hybrid=hybrid, train_engine=trainer, progress=sink,
-                          config=cfg.model_dump())
+        spec = build_spec(
+            standalone=standalone, hybrid=hybrid, train_engine=trainer, progress=sink, config=cfg.model_dump()
+        )
         return await run_fully_async(spec)
     finally:
         for engine in [*standalone, *hybrid, trainer]:
             try:
                 await asyncio.wait_for(engine.shutdown(), cfg.cluster.shutdown_timeout_s)
-            except Exception as exc:  # noqa: BLE001 - teardown reports, never masks the run's error
+            except Exception as exc:
                 logger.warning("shutdown of %r failed: %s", engine, exc)
 
 
 async def _run_ray(
-    cfg: RunConfig, model_path: str | None, sink: _Sink, backend: dict[str, Any],
-    on_status: Callable[[dict[str, Any]], None] | None, poll_s: float,
+    cfg: RunConfig,
+    model_path: str | None,
+    sink: _Sink,
+    backend: dict[str, Any],
+    on_status: Callable[[dict[str, Any]], None] | None,
+    poll_s: float,
 ) -> Any:
     from dynres.runtime.backends.ray._ray import require_ray
     from dynres.runtime.backends.ray.cluster import RayCluster, driver_node_id
-    from dynres.runtime.realrun.on_ray import CoordinatorActor
     from dynres.runtime.backends.ray.factory import Factory
+    from dynres.runtime.realrun.on_ray import CoordinatorActor
 
     ray = require_ray()
     cluster = RayCluster(cfg.cluster)
@@ -514,7 +546,7 @@ async def _run_ray(
             if done:
                 try:
                     report = done.pop().result()
-                except Exception as exc:  # noqa: BLE001 - re-raised, unwrapped from Ray
+                except Exception as exc:
                     raise _unwrap(exc) from None
                 break
         backend["loop_lag"] = await _loop_lags(coordinator, system)
@@ -528,7 +560,7 @@ async def _run_ray(
                 )
                 for cycle in await coordinator.events.remote(sink.count):
                     sink(cycle)
-            except Exception as exc:  # noqa: BLE001 - best effort on the way out
+            except Exception as exc:
                 backend["stop"] = {"stopped": False, "error": f"{type(exc).__name__}: {exc}"}
                 logger.warning("coordinator did not stop cleanly: %s", exc)
         if run_fut is not None:
@@ -537,9 +569,7 @@ async def _run_ray(
             await asyncio.gather(run_fut, return_exceptions=True)
         raise
     finally:
-        backend["lost"] = {
-            p.replica_id: p.lost_reason for p in cluster.system.replicas if p.lost_reason is not None
-        }
+        backend["lost"] = {p.replica_id: p.lost_reason for p in cluster.system.replicas if p.lost_reason is not None}
         backend["shutdown_problems"] = await cluster.shutdown()
 
 
@@ -556,16 +586,19 @@ async def _loop_lags(coordinator: Any, system: Any) -> dict[str, float]:
     for name, ref in targets:
         try:
             out[name] = round((await ref).max_gap_s * 1000, 2)
-        except Exception:  # noqa: BLE001, S112 - a lost actor has no lag to report
+        except Exception:
             continue
     return out
 
 
 def execute(
-    cfg: RunConfig, out_dir: str | Path, *,
+    cfg: RunConfig,
+    out_dir: str | Path,
+    *,
     on_cycle: Callable[[Any, dict[str, Any]], None] | None = None,
     on_status: Callable[[dict[str, Any]], None] | None = None,
-    poll_s: float = 0.5, plots: bool = True,
+    poll_s: float = 0.5,
+    plots: bool = True,
 ) -> RunOutcome:
     """Run ``cfg`` to the end (or Ctrl-C); write metrics.jsonl, report.json, backend.json, plots.
 
@@ -576,8 +609,12 @@ def execute(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model_path = prepare_model(cfg, out)
-    backend: dict[str, Any] = {"runtime": cfg.engines.runtime, "rollout": cfg.engines.rollout,
-                               "trainer": cfg.engines.trainer, "model_path": model_path}
+    backend: dict[str, Any] = {
+        "runtime": cfg.engines.runtime,
+        "rollout": cfg.engines.rollout,
+        "trainer": cfg.engines.trainer,
+        "model_path": model_path,
+    }
     sink = _Sink(out / METRICS_FILE, on_cycle)
     cluster_conn = None
     outcome = RunOutcome(None, out, backend)

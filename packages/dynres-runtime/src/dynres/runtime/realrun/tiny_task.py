@@ -101,8 +101,9 @@ def build_tiny_model(spec: TinyModelSpec | None = None, *, seed: int = 0, dtype:
     return model.eval()
 
 
-def save_tiny_model(path: str | Path, spec: TinyModelSpec | None = None, *, seed: int = 0,
-                    dtype: str = "float32") -> Path:
+def save_tiny_model(
+    path: str | Path, spec: TinyModelSpec | None = None, *, seed: int = 0, dtype: str = "float32"
+) -> Path:
     """Build a random tiny Qwen2 and save it (config + safetensors) into directory ``path``."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)

@@ -208,7 +208,7 @@ class SimReplica:
         del self._jobs[job.request.request_id]
         self.aborted += 1
         done = self._service - job.start_s - job.prefill_work
-        generated = min(job.target - job.prefix, max(0, int(math.floor(done + _EPS))))
+        generated = min(job.target - job.prefix, max(0, math.floor(done + _EPS)))
         self.decode_tokens += generated
         total = job.prefix + generated
         if not job.future.done():

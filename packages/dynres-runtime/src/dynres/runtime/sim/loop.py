@@ -155,9 +155,7 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
     ) -> None:
         """Start virtual time at ``start`` s; ``thread_grace_s``/``idle_timeout_s`` are real seconds."""
         self.clock = VirtualClock(start)
-        super().__init__(
-            VirtualTimeSelector(self.clock, thread_grace_s=thread_grace_s, idle_timeout_s=idle_timeout_s)
-        )
+        super().__init__(VirtualTimeSelector(self.clock, thread_grace_s=thread_grace_s, idle_timeout_s=idle_timeout_s))
 
     def time(self) -> float:
         """Virtual time in seconds."""

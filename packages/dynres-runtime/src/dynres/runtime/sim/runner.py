@@ -28,7 +28,10 @@ from dynres.core.metrics import (
     ROLLOUT_UTILIZATION,
     TRAIN_UTILIZATION,
 )
+from dynres.runtime.loop.report import CycleReport, RunReport
 from dynres.runtime.protocols import ReplicaKind
+from dynres.runtime.samples import PromptGroup
+from dynres.runtime.sim.bound import BoundInputs, LowerBound, lower_bound
 from dynres.runtime.sim.engines import (
     RESPONSE_TOKENS_KEY,
     SimReplica,
@@ -36,9 +39,6 @@ from dynres.runtime.sim.engines import (
     SimTrainCosts,
     SimTrainEngine,
 )
-from dynres.runtime.loop.report import CycleReport, RunReport
-from dynres.runtime.samples import PromptGroup
-from dynres.runtime.sim.bound import BoundInputs, LowerBound, lower_bound
 from dynres.runtime.sim.loop import run_virtual
 from dynres.runtime.sim.scenario import Scenario, load_scenario
 from dynres.runtime.sim.workload import (
@@ -113,19 +113,21 @@ class SimResult:
     def to_dict(self) -> dict[str, Any]:
         """The ``--json`` object: headline numbers, one entry per step, the full report (NaN -> null)."""
         s = self.scenario
-        return _scrub({
-            "scenario": s.name,
-            "description": s.description,
-            "policy": self.policy,
-            "seed": s.seed,
-            **self.summary(),
-            "lower_bound_terms": dict(self.bound.terms),
-            "lower_bound_binding": self.bound.binding,
-            "cluster": s.cluster.model_dump(),
-            "steps": [_step_dict(c) for c in self.report.cycles],
-            "sim": dict(self.extra),
-            "report": self.report.to_dict(),
-        })
+        return _scrub(
+            {
+                "scenario": s.name,
+                "description": s.description,
+                "policy": self.policy,
+                "seed": s.seed,
+                **self.summary(),
+                "lower_bound_terms": dict(self.bound.terms),
+                "lower_bound_binding": self.bound.binding,
+                "cluster": s.cluster.model_dump(),
+                "steps": [_step_dict(c) for c in self.report.cycles],
+                "sim": dict(self.extra),
+                "report": self.report.to_dict(),
+            }
+        )
 
 
 def _step_dict(c: CycleReport) -> dict[str, Any]:
@@ -189,7 +191,9 @@ def build_replicas(scenario: Scenario, kind: ReplicaKind, count: int) -> list[Si
     """``count`` simulated replicas of ``kind`` with the scenario's speed and costs."""
     d = scenario.workload.decode
     c = scenario.costs
-    costs = SimReplicaCosts(sleep_s=c.sleep_s, wake_up_s=c.wake_up_s, abort_s=c.abort_s, update_weights_s=c.weight_sync_s)
+    costs = SimReplicaCosts(
+        sleep_s=c.sleep_s, wake_up_s=c.wake_up_s, abort_s=c.abort_s, update_weights_s=c.weight_sync_s
+    )
     hybrid = kind is ReplicaKind.HYBRID
     return [
         SimReplica(

@@ -41,9 +41,7 @@ class ClusterConfig(StrictModel):
     """GPUs of the simulated cluster: the trainer's (hybrid replicas live there) and the rollout's."""
 
     trainer_gpus: int = Field(16, ge=1, description="GPUs that train (and host hybrid replicas) (count).")
-    rollout_gpus: int = Field(
-        16, ge=0, description="GPUs of standalone rollout replicas (count; 0 = only hybrid)."
-    )
+    rollout_gpus: int = Field(16, ge=0, description="GPUs of standalone rollout replicas (count; 0 = only hybrid).")
     gpus_per_replica: int = Field(
         1, ge=1, description="GPUs one inference replica spans (tensor parallel size, count)."
     )
@@ -68,15 +66,11 @@ class ClusterConfig(StrictModel):
 class ResponseLengthConfig(StrictModel):
     """Long-tailed response lengths: lognormal, correlated within a prompt group, capped, growing."""
 
-    median_tokens: float = Field(
-        2000.0, gt=0, description="Median response length at step 0 before capping (tokens)."
-    )
+    median_tokens: float = Field(2000.0, gt=0, description="Median response length at step 0 before capping (tokens).")
     sigma: float = Field(
         1.07, ge=0.0, le=4.0, description="Standard deviation of log(length) (nats; 0 = constant length)."
     )
-    max_tokens: int = Field(
-        16384, ge=1, description="Cap on a response's length, the engine's max_tokens (tokens)."
-    )
+    max_tokens: int = Field(16384, ge=1, description="Cap on a response's length, the engine's max_tokens (tokens).")
     group_correlation: float = Field(
         0.6,
         ge=0.0,
@@ -87,8 +81,7 @@ class ResponseLengthConfig(StrictModel):
         0.0,
         gt=-1.0,
         le=1.0,
-        description="Multiplicative growth of the median per sync cycle (fraction per step; "
-        "0.004 = +0.4%/step).",
+        description="Multiplicative growth of the median per sync cycle (fraction per step; 0.004 = +0.4%/step).",
     )
 
 
@@ -195,18 +188,14 @@ class CostsConfig(StrictModel):
     weight_sync_s: float = Field(
         5.0, ge=0.0, description="One replica receiving and loading a weight update (seconds)."
     )
-    export_weights_s: float = Field(
-        0.0, ge=0.0, description="Trainer exporting one weight update (seconds)."
-    )
+    export_weights_s: float = Field(0.0, ge=0.0, description="Trainer exporting one weight update (seconds).")
     sleep_s: float = Field(3.0, ge=0.0, description="Replica sleep: free KV cache, offload weights (seconds).")
     wake_up_s: float = Field(3.0, ge=0.0, description="Replica wake-up: reload weights and KV cache (seconds).")
     abort_s: float = Field(0.1, ge=0.0, description="Replica aborting its in-flight requests (seconds).")
     trainer_offload_s: float = Field(
         3.0, ge=0.0, description="Trainer moving parameters and optimizer state off the GPUs (seconds)."
     )
-    trainer_onload_s: float = Field(
-        3.0, ge=0.0, description="Trainer bringing them back (seconds)."
-    )
+    trainer_onload_s: float = Field(3.0, ge=0.0, description="Trainer bringing them back (seconds).")
 
 
 class Scenario(StrictModel):
@@ -303,11 +292,7 @@ class Scenario(StrictModel):
     def summary(self) -> str:
         """One line: GPUs, replicas, batch and length of the run."""
         c = self.cluster
-        mode = (
-            f"dynamic ({self.policy_name})"
-            if self.async_training.use_dynamic_resource_scheduling
-            else "static"
-        )
+        mode = f"dynamic ({self.policy_name})" if self.async_training.use_dynamic_resource_scheduling else "static"
         return (
             f"{c.trainer_gpus} trainer + {c.rollout_gpus} rollout GPUs, {mode}, "
             f"{self.num_standalone_replicas} standalone + {self.num_hybrid_replicas} hybrid "
@@ -337,7 +322,9 @@ def set_dotted(data: dict[str, Any], dotted_key: str, value: Any) -> None:
     """Set ``a.b.c = value`` in a nested dict, creating mappings on the way (for ``--set``)."""
     parts = dotted_key.split(".")
     if not dotted_key or any(not p for p in parts):
-        raise ScenarioError(f"--set {dotted_key!r}: a key is dot-separated names like workload.decode.peak_tokens_per_s")
+        raise ScenarioError(
+            f"--set {dotted_key!r}: a key is dot-separated names like workload.decode.peak_tokens_per_s"
+        )
     node = data
     for i, part in enumerate(parts[:-1]):
         child = node.get(part)
@@ -346,8 +333,7 @@ def set_dotted(data: dict[str, Any], dotted_key: str, value: Any) -> None:
         elif not isinstance(child, dict):
             where = ".".join(parts[: i + 1])
             raise ScenarioError(
-                f"--set {dotted_key}: {where!r} is a value ({child!r}), not a section; set "
-                f"{where}=... instead"
+                f"--set {dotted_key}: {where!r} is a value ({child!r}), not a section; set {where}=... instead"
             )
         node = child
     node[parts[-1]] = value
@@ -402,16 +388,13 @@ def resolve_raw(
         data = {}
     if not isinstance(data, Mapping):
         raise ScenarioError(
-            f"scenario {label!r}: expected a mapping of keys at the top level, got "
-            f"{type(data).__name__}"
+            f"scenario {label!r}: expected a mapping of keys at the top level, got {type(data).__name__}"
         )
     data = dict(data)
     parent = data.pop("extends", None)
     if parent is not None:
         if not isinstance(parent, str) or not parent:
-            raise ScenarioError(
-                f"scenario {label!r}: 'extends' must name a preset or a YAML file, got {parent!r}"
-            )
+            raise ScenarioError(f"scenario {label!r}: 'extends' must name a preset or a YAML file, got {parent!r}")
         if not isinstance(source, Mapping) and not presets.is_preset(parent):
             # A relative file path in 'extends' is relative to the extending file.
             candidate = Path(str(source)).parent / parent

@@ -78,9 +78,7 @@ def lengths_from_normals(
 ) -> np.ndarray:
     """Lengths (samples x n) from log-medians (samples), group normals (samples) and own normals."""
     rho = cfg.group_correlation
-    log_len = log_median[:, None] + cfg.sigma * (
-        math.sqrt(rho) * z_group[:, None] + math.sqrt(1.0 - rho) * z_resp
-    )
+    log_len = log_median[:, None] + cfg.sigma * (math.sqrt(rho) * z_group[:, None] + math.sqrt(1.0 - rho) * z_resp)
     # Clip in log space first: exp() of a huge tail draw must not overflow before the cap.
     log_len = np.minimum(log_len, math.log(cfg.max_tokens) + 1.0)
     return np.clip(np.rint(np.exp(log_len)), 1, cfg.max_tokens).astype(np.int64)
@@ -96,9 +94,7 @@ class LengthOracle:
     BLOCK = 512
     """Samples drawn per RNG block (count)."""
 
-    def __init__(
-        self, cfg: ResponseLengthConfig, *, n: int, step_required_samples: int, seed: int
-    ) -> None:
+    def __init__(self, cfg: ResponseLengthConfig, *, n: int, step_required_samples: int, seed: int) -> None:
         """Lengths for ``n`` responses per sample; step = index // step_required_samples."""
         self.cfg = cfg
         self.n = n
@@ -169,9 +165,7 @@ def reference_batch_tokens(scenario: Scenario) -> float:
     """T_0: tokens of a step-0 fit-step batch of mean length (prompts + responses, tokens)."""
     r = scenario.workload.response
     mean_len = capped_lognormal_mean(r.median_tokens, r.sigma, r.max_tokens)
-    return scenario.required_samples * scenario.responses_per_sample * (
-        scenario.workload.prompt_tokens + mean_len
-    )
+    return scenario.required_samples * scenario.responses_per_sample * (scenario.workload.prompt_tokens + mean_len)
 
 
 def train_step_seconds(batch_tokens: float, reference_tokens: float, cfg: TrainConfig, gpus: int) -> float:

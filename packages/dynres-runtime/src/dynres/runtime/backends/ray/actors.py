@@ -20,6 +20,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from dynres.core.errors import BackendError, RuntimeStateError
+from dynres.runtime.backends.ray._ray import require_ray
+from dynres.runtime.backends.ray.factory import Factory
+from dynres.runtime.backends.ray.monitor import LoopLag, LoopLagMonitor
 from dynres.runtime.protocols import (
     GenerationRequest,
     GenerationResult,
@@ -30,9 +33,6 @@ from dynres.runtime.protocols import (
     TrainStepResult,
     WeightUpdate,
 )
-from dynres.runtime.backends.ray._ray import require_ray
-from dynres.runtime.backends.ray.factory import Factory
-from dynres.runtime.backends.ray.monitor import LoopLag, LoopLagMonitor
 
 
 @dataclass(frozen=True)

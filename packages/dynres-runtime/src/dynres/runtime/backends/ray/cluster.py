@@ -24,14 +24,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import Field, field_validator
+
 from dynres.core.config import DynresConfig, StrictModel
 from dynres.core.errors import BackendError, BackendTimeoutError
-from dynres.runtime.protocols import ReplicaKind
 from dynres.runtime.backends.ray._ray import remote_class, require_ray, use_loopback
 from dynres.runtime.backends.ray.actors import ActorInfo, ReplicaActor, TrainEngineActor
 from dynres.runtime.backends.ray.factory import Factory
 from dynres.runtime.backends.ray.proxies import RayReplica, RayTrainEngine
-from pydantic import Field, field_validator
+from dynres.runtime.protocols import ReplicaKind
 
 
 class RayClusterConfig(StrictModel):
@@ -44,20 +45,14 @@ class RayClusterConfig(StrictModel):
     num_cpus: int | None = Field(
         None, ge=1, description="CPUs of a local Ray (null: all of the machine); ignored with an address."
     )
-    temp_dir: str | None = Field(
-        None, description="Session directory of a local Ray (null: Ray's default /tmp/ray)."
-    )
+    temp_dir: str | None = Field(None, description="Session directory of a local Ray (null: Ray's default /tmp/ray).")
     namespace: str = Field("dynres", min_length=1, description="Ray namespace of the run's actors.")
     slot: dict[str, float] = Field(
         default_factory=lambda: {"CPU": 1.0},
         description="Resources of one accelerator slot, e.g. {GPU: 1, CPU: 4}; CPU-only: {CPU: 0.5}.",
     )
-    trainer_slot: dict[str, float] | None = Field(
-        None, description="Slot of the trainer pool (null: `slot`)."
-    )
-    standalone_slot: dict[str, float] | None = Field(
-        None, description="Slot of the rollout pool (null: `slot`)."
-    )
+    trainer_slot: dict[str, float] | None = Field(None, description="Slot of the trainer pool (null: `slot`).")
+    standalone_slot: dict[str, float] | None = Field(None, description="Slot of the rollout pool (null: `slot`).")
     trainer_share: float = Field(
         0.5,
         gt=0.0,
@@ -70,9 +65,7 @@ class RayClusterConfig(StrictModel):
     placement_timeout_s: float = Field(
         120.0, gt=0, description="Wait for placement groups at most this long (seconds)."
     )
-    start_timeout_s: float = Field(
-        600.0, gt=0, description="Wait for engines to build at most this long (seconds)."
-    )
+    start_timeout_s: float = Field(600.0, gt=0, description="Wait for engines to build at most this long (seconds).")
     shutdown_timeout_s: float = Field(
         30.0, gt=0, description="Wait for each engine's shutdown at most this long (seconds)."
     )
@@ -246,14 +239,15 @@ class RayCluster:
             opts = {k: v for k, v in _scaled(slot, share).items() if v not in (None, {})}
             # No restarts: a replica that dies comes back empty and with stale weights, so the
             # run treats it as lost instead of silently routing to it again.
-            return {**opts, "scheduling_strategy": strat, "max_restarts": 0, "name": name,
-                    "max_concurrency": 10_000}
+            return {**opts, "scheduling_strategy": strat, "max_restarts": 0, "name": name, "max_concurrency": 10_000}
 
         share = cfg.trainer_share
         lag = cfg.lag_interval_s
         trainer_actor = (
             remote_class(TrainEngineActor)
-            .options(**options(trainer_slot, share, strategy(trainer_pgs, dyn.trainer.n_gpus_per_node, 0), "dynres-trainer"))
+            .options(
+                **options(trainer_slot, share, strategy(trainer_pgs, dyn.trainer.n_gpus_per_node, 0), "dynres-trainer")
+            )
             .remote(trainer, lag)
         )
         standalone_actors = []
@@ -268,7 +262,9 @@ class RayCluster:
             for h in range(dyn.num_hybrid_replicas):
                 rid = f"hybrid-{h}"
                 strat = strategy(trainer_pgs, dyn.trainer.n_gpus_per_node, h * tp)
-                handle = remote_class(ReplicaActor).options(**options(trainer_slot, 1.0 - share, strat, f"dynres-{rid}"))
+                handle = remote_class(ReplicaActor).options(
+                    **options(trainer_slot, 1.0 - share, strat, f"dynres-{rid}")
+                )
                 hybrid_actors.append((rid, handle.remote(rid, ReplicaKind.HYBRID.value, hybrid, lag)))
 
         sys_.trainer = RayTrainEngine(trainer_actor)
@@ -333,12 +329,12 @@ class RayCluster:
         for handle in self._extra_actors:
             try:
                 ray.kill(handle, no_restart=True)
-            except Exception:  # noqa: BLE001, S110 - already gone
+            except Exception:
                 pass
         for pg in sys_.placement_groups:
             try:
                 remove_placement_group(pg)
-            except Exception:  # noqa: BLE001, S110 - cluster already shutting down
+            except Exception:
                 pass
         self._extra_actors.clear()
         sys_.placement_groups.clear()

@@ -18,7 +18,9 @@ def resolve_target(target: str | Callable[..., Any]) -> Callable[..., Any]:
     if not isinstance(target, str):
         raise ConfigError(f"factory target {target!r} is neither a callable nor a 'module:attr' import path")
     obj = import_object(
-        target, what="factory target", error=ConfigError,
+        target,
+        what="factory target",
+        error=ConfigError,
         hint="install the distribution that provides it on every Ray node",
     )
     if not callable(obj):
@@ -52,7 +54,5 @@ class Factory:
                 obj = await obj
         except Exception as exc:
             name = self.target if isinstance(self.target, str) else getattr(self.target, "__qualname__", self.target)
-            raise BackendError(
-                f"factory {name!r} failed to build its object: {type(exc).__name__}: {exc}"
-            ) from exc
+            raise BackendError(f"factory {name!r} failed to build its object: {type(exc).__name__}: {exc}") from exc
         return obj

@@ -13,6 +13,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from dynres.core.errors import BackendError, DynresError
+from dynres.runtime.backends.ray._ray import is_actor_lost, require_ray
+from dynres.runtime.backends.ray.actors import ActorInfo
+from dynres.runtime.backends.ray.monitor import LoopLag
 from dynres.runtime.protocols import (
     GenerationRequest,
     GenerationResult,
@@ -22,9 +25,6 @@ from dynres.runtime.protocols import (
     TrainStepResult,
     WeightUpdate,
 )
-from dynres.runtime.backends.ray._ray import is_actor_lost, require_ray
-from dynres.runtime.backends.ray.actors import ActorInfo
-from dynres.runtime.backends.ray.monitor import LoopLag
 
 
 class _ActorProxy:
@@ -80,7 +80,7 @@ class _ActorProxy:
         """Kill the actor now (no restart); a no-op for an actor that is already gone."""
         try:
             require_ray().kill(self._handle, no_restart=True)
-        except Exception:  # noqa: BLE001, S110 - already dead or cluster gone: nothing left to free
+        except Exception:
             pass
 
 

@@ -39,9 +39,7 @@ def local_ray(num_cpus: int = 2, **init_kwargs: Any) -> Iterator[str]:
     ray = require_ray()
     tmp = tempfile.mkdtemp(prefix="dynres-ray-", dir="/tmp")
     try:
-        ray.init(
-            num_cpus=num_cpus, include_dashboard=False, _temp_dir=tmp, **init_kwargs
-        )
+        ray.init(num_cpus=num_cpus, include_dashboard=False, _temp_dir=tmp, **init_kwargs)
         yield tmp
     finally:
         ray.shutdown()

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Lint the workspace: ruff (rules + format), the import-layer contracts, and mypy over every
+# distribution. Configuration for all three is in the root pyproject.toml. Run after
+# scripts/install.sh --dev (scripts/test.sh runs this first).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=${VENV_BIN:-.venv/bin}
+echo "== ruff check"; "$BIN/ruff" check .
+echo "== ruff format --check"; "$BIN/ruff" format --check .
+echo "== lint-imports"; "$BIN/lint-imports"
+echo "== mypy"
+"$BIN/mypy" -p dynres.core -p dynres.policies -p dynres.runtime -p dynres.testkit
