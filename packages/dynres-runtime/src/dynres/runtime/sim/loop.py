@@ -179,11 +179,6 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
             self.clock.release(key)
 
 
-def new_virtual_loop(**kwargs: Any) -> VirtualTimeLoop:
-    """Build a :class:`VirtualTimeLoop` (a ``loop_factory`` for :class:`asyncio.Runner`)."""
-    return VirtualTimeLoop(**kwargs)
-
-
 def run_virtual(
     main: Coroutine[Any, Any, T] | Callable[[], Awaitable[T]],
     *,

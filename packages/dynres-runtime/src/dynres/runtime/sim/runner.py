@@ -164,11 +164,6 @@ def _scrub(v: Any) -> Any:
 # ---- Building the simulated cluster ---------------------------------------------------------
 
 
-def sample_index(sample_id: str) -> int:
-    """Index of a simulated sample from its id ``"s<index>"``."""
-    return int(sample_id[1:])
-
-
 def prompt_groups(scenario: Scenario, oracle: LengthOracle) -> Iterator[PromptGroup]:
     """The run's prompt groups: sample ``i`` is ``"s<i>"`` with its modelled response lengths."""
     prompt = range(scenario.workload.prompt_tokens)

@@ -175,11 +175,6 @@ def train_step_seconds(batch_tokens: float, reference_tokens: float, cfg: TrainC
     return cfg.step_s * size * (cfg.reference_gpus / gpus) ** cfg.scaling_exponent * offload
 
 
-def split_phases(total_s: float, cfg: TrainConfig) -> dict[str, float]:
-    """Split a step's compute time over trainer phases by ``phase_fractions`` (seconds each)."""
-    return {phase: total_s * frac for phase, frac in cfg.phase_fractions.items()}
-
-
 # ---- Cheap sequences -------------------------------------------------------------------------
 
 
