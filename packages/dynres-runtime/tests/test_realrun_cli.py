@@ -183,3 +183,28 @@ def test_ctrl_c_aborts_in_flight_work_and_stops_ray(tmp_path):
         assert _session_processes(ray_tmp) == []
     finally:
         shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+NEVER_POLICY = (
+    "from dynres.core import Policy\n"
+    "class Never(Policy):\n"
+    "    name = 'never'\n"
+    "    def should_deactivate(self, ctx): return ctx.is_hybrid_active\n"
+    "    def deactivate_wait_samples(self, ctx): return 0\n"
+    "    def should_activate_after_step(self, ctx): return False\n"
+)
+
+
+def test_policy_from_a_file_runs_and_a_missing_one_is_one_line(tmp_path):
+    pol = tmp_path / "never.py"
+    pol.write_text(NEVER_POLICY)
+    out = tmp_path / "out"
+    cfg = _write(tmp_path, FAKE)
+    result = _invoke(str(cfg), "--policy", f"{pol}:Never", "--out", str(out), "--no-progress", "--no-plots")
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "report.json").read_text())
+    assert report["policy"] == "never"
+    # The policy never activates the hybrid replica, so no cycle after the first has one running.
+    assert not any(c["activated"] for c in report["cycles"])
+    line = _one_error_line(_invoke(str(cfg), "--policy", f"{tmp_path}/gone.py:Never", "--out", str(out)))
+    assert "gone.py' not found" in line

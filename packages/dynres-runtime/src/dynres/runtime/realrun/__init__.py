@@ -32,7 +32,7 @@ from typing import Any, Literal
 
 from pydantic import Field, create_model, model_validator
 
-from dynres.core.config import DynresConfig, StrictModel, policy_params_from_config, read_yaml, validate_model
+from dynres.core.config import DynresConfig, StrictModel, read_yaml, validate_model
 from dynres.core.errors import ConfigError, DynresError
 from dynres.runtime.backends.ray.cluster import RayClusterConfig
 from dynres.runtime.protocols import ReplicaKind, TrainStepResult
@@ -171,11 +171,9 @@ def load_run_config(source: str | Path | Mapping[str, Any], overrides: Mapping[s
 
 def load_run_policy(cfg: RunConfig) -> Any:
     """Build the configured policy with its params (validates name and params before a run starts)."""
-    from dynres.core.loading import load_policy, resolve_policy_class
+    from dynres.core.loading import policy_from_config
 
-    at = cfg.async_training
-    cls = resolve_policy_class(at.dynamic_schedule_policy)
-    return load_policy(cls, policy_params_from_config(at, cls.Params))
+    return policy_from_config(cfg.async_training)
 
 
 # ---- Engine builders (called inside the actors, or in-process with runtime: local) ------------
