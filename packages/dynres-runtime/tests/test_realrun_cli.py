@@ -208,3 +208,10 @@ def test_policy_from_a_file_runs_and_a_missing_one_is_one_line(tmp_path):
     assert not any(c["activated"] for c in report["cycles"])
     line = _one_error_line(_invoke(str(cfg), "--policy", f"{tmp_path}/gone.py:Never", "--out", str(out)))
     assert "gone.py' not found" in line
+
+
+def test_bad_yaml_in_set_is_one_line_naming_the_key(tmp_path):
+    out = tmp_path / "out"
+    line = _one_error_line(_invoke(str(_write(tmp_path, FAKE)), "--set", "run.steps=[1,", "--out", str(out)))
+    assert "--set run.steps: value '[1,' is not valid YAML" in line and "quote the whole value" in line
+    assert not out.exists()  # checked before any work starts

@@ -174,14 +174,12 @@ def command(
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from dynres.core.config import parse_set_items
     from dynres.runtime.sim import presets
     from dynres.runtime.sim.runner import build_policy, simulate
-    from dynres.runtime.sim.scenario import load_scenario, parse_set_option
+    from dynres.runtime.sim.scenario import load_scenario
 
-    overrides: dict[str, Any] = {}
-    for item in sets:
-        key, value = parse_set_option(item)
-        overrides[key] = value
+    overrides = parse_set_items(sets)
     main_source = preset if preset else scenario
     assert main_source is not None
     if preset and not presets.is_preset(preset):

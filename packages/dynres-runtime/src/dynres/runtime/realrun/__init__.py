@@ -32,7 +32,7 @@ from typing import Any, Literal
 
 from pydantic import Field, create_model, model_validator
 
-from dynres.core.config import DynresConfig, StrictModel, read_yaml, validate_model
+from dynres.core.config import DynresConfig, StrictModel, apply_overrides, read_yaml, validate_model
 from dynres.core.errors import ConfigError, DynresError
 from dynres.runtime.backends.ray.cluster import RayClusterConfig
 from dynres.runtime.protocols import ReplicaKind, TrainStepResult
@@ -157,15 +157,10 @@ def load_run_config(source: str | Path | Mapping[str, Any], overrides: Mapping[s
     name = "config" if isinstance(source, Mapping) else str(source)
     if data is not None and not isinstance(data, Mapping):
         raise ConfigError(f"{name}: expected a mapping of sections at the top level, got {type(data).__name__}")
-    data = json.loads(json.dumps(dict(data or {})))  # deep copy, plain types only
-    for dotted, value in (overrides or {}).items():
-        node = data
-        *parents, leaf = dotted.split(".")
-        for p in parents:
-            node = node.setdefault(p, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"{name}: cannot set {dotted!r}: {p!r} is not a section")
-        node[leaf] = value
+    try:
+        data = apply_overrides(data or {}, overrides)
+    except ConfigError as exc:
+        raise ConfigError(f"{name}: {exc}") from None
     return validate_model(RunConfig, data, name)
 
 
