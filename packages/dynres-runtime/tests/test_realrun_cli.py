@@ -20,6 +20,7 @@ from dynres.core.errors import ConfigError
 from dynres.core.metrics import METRIC_KEYS
 from dynres.runtime.cli import main
 from dynres.runtime.realrun import load_run_config
+from dynres.runtime.sim.runner import simulate
 
 FAKE = {
     "run": {"steps": 3, "seed": 0},
@@ -115,6 +116,15 @@ def test_fake_run_writes_metrics_report_and_plots(tmp_path):
     assert sorted(p.name for p in (out / "plots").iterdir())
     s = report["samples"]
     assert s["generated"] == s["consumed"] + s["dropped_stale"] + s["queued_at_end"]
+    # One record per cycle for both apps: the same keys as `dynres simulate --json` steps (train
+    # metrics aside) and the values the report holds.
+    sim_step = simulate("seed-dynamic-16-16", overrides={"steps": 1}).to_dict()["steps"][0]
+    own = {k for k in sim_step if not k.startswith("sim/")}
+    for r, c in zip(records, report["cycles"], strict=True):
+        assert {k for k in r if not k.startswith(("train/", "cycle_mean/"))} == own
+        for key in ("end_s", "samples_consumed", "activated", "rebalanced_requests", "step_wait_times"):
+            assert r[key] == c[key], key
+        assert r["train/samples"] == c["train_metrics"]["samples"]
 
 
 def _session_processes(marker: str) -> list[int]:

@@ -19,31 +19,6 @@ PLOTS_DIR = "plots"
 """Subdirectory of the output directory that holds the plots."""
 
 
-def cycle_record(cycle: Any) -> dict[str, Any]:
-    """The JSONL record of one cycle: its metrics, train metrics and counters (flat keys)."""
-    rec: dict[str, Any] = {
-        "step": cycle.step,
-        "time_s": round(cycle.end_s, 6),
-        "cycle_s": round(cycle.duration_s, 6),
-        **cycle.metrics,
-        **{k if "/" in k else f"train/{k}": v for k, v in cycle.train_metrics.items()},
-        "hybrid_active_at_start": cycle.hybrid_active_at_start,
-        "activated": cycle.activated,
-        "deactivated": cycle.deactivated,
-        "rebalanced": cycle.rebalanced,
-        "deactivate_wait_samples": cycle.deactivate_wait_samples,
-        "wait_for_enough_samples_s": cycle.wait_for_enough_samples_s,
-        "samples_generated": cycle.samples_generated,
-        "samples_consumed": cycle.samples_consumed,
-        "samples_dropped_stale": cycle.samples_dropped_stale,
-        "queue_size_end": cycle.queue_size_end,
-        "weight_version": cycle.weight_version,
-        "activate_s": cycle.activate_duration_s,
-        "deactivate_s": cycle.deactivate_duration_s,
-    }
-    return rec
-
-
 def reward_key(record: Mapping[str, Any]) -> str | None:
     """The key of the per-cycle mean reward in a JSONL record, if the trainer reports one."""
     for k in (f"{CYCLE_MEAN_PREFIX}reward/mean", f"{CYCLE_MEAN_PREFIX}reward", "reward/mean", "train/reward"):
@@ -83,7 +58,7 @@ class MetricsSink:
 
     def __call__(self, cycle: Any) -> None:
         """Write ``cycle``'s record, flushed, and pass it on."""
-        rec = cycle_record(cycle)
+        rec = cycle.to_record()
         self._fh.write(json.dumps(rec) + "\n")
         self._fh.flush()  # an interrupted run keeps every finished cycle
         self.count += 1

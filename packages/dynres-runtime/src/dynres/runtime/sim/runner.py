@@ -21,7 +21,6 @@ from dynres.core.errors import ScenarioError
 from dynres.core.loading import policy_from_config
 from dynres.core.metrics import (
     CLUSTER_UTILIZATION,
-    METRIC_KEYS,
     MQ_SIZE,
     ROLLOUT_UTILIZATION,
     TRAIN_UTILIZATION,
@@ -121,30 +120,11 @@ class SimResult:
                 "lower_bound_terms": dict(self.bound.terms),
                 "lower_bound_binding": self.bound.binding,
                 "cluster": s.cluster.model_dump(),
-                "steps": [_step_dict(c) for c in self.report.cycles],
+                "steps": [c.to_record() for c in self.report.cycles],
                 "sim": dict(self.extra),
                 "report": self.report.to_dict(),
             }
         )
-
-
-def _step_dict(c: CycleReport) -> dict[str, Any]:
-    out: dict[str, Any] = {"step": c.step, "start_s": c.start_s, "end_s": c.end_s, "duration_s": c.duration_s}
-    for key in METRIC_KEYS:
-        out[key] = c.metrics.get(key, math.nan)
-    out.update(
-        hybrid_active_at_start=c.hybrid_active_at_start,
-        deactivated=c.deactivated,
-        activated=c.activated,
-        deactivate_wait_samples=c.deactivate_wait_samples,
-        wait_for_enough_samples_s=c.wait_for_enough_samples_s,
-        step_wait_times=list(c.step_wait_times),
-        step_wait_samples=list(c.step_wait_samples),
-        samples_generated=c.samples_generated,
-        samples_dropped_stale=c.samples_dropped_stale,
-        queue_size_end=c.queue_size_end,
-    )
-    return out
 
 
 def _scrub(v: Any) -> Any:
