@@ -30,6 +30,7 @@ from dynres.runtime.protocols import (
     TrainStepResult,
     WeightUpdate,
 )
+from dynres.runtime.samples import Repeat
 
 REPLICA_OPS: tuple[str, ...] = (
     "generate",
@@ -62,32 +63,6 @@ class OpRecord:
     """Start of the call, its normal end, or its end by an exception."""
     detail: str = ""
     """Free text: request id, tags, version, error."""
-
-
-class LogRepeat(Sequence[float]):
-    """A cheap read-only sequence of ``n`` copies of one log-prob (fakes' per-token log-probs)."""
-
-    def __init__(self, n: int, value: float = -1.0) -> None:
-        """``n`` copies (count) of ``value`` (log-prob)."""
-        self._n = n
-        self._value = value
-
-    def __len__(self) -> int:
-        """Number of tokens (count)."""
-        return self._n
-
-    def __getitem__(self, i: Any) -> Any:
-        """The constant (or a list of them for a slice)."""
-        if isinstance(i, slice):
-            return [self._value] * len(range(*i.indices(self._n)))
-        if not -self._n <= i < self._n:
-            raise IndexError(i)
-        return self._value
-
-    def __iter__(self) -> Iterator[float]:
-        """Yield the constant ``n`` times."""
-        for _ in range(self._n):
-            yield self._value
 
 
 def _latency_map(latency: float | Mapping[str, float], ops: Sequence[str]) -> dict[str, float]:
@@ -341,7 +316,7 @@ class FakeReplica(_FaultsMixin):
         return GenerationResult(
             request_id=gen.request.request_id,
             token_ids=range(gen.produced),
-            logprobs=LogRepeat(gen.produced),
+            logprobs=Repeat(gen.produced, -1.0),
             finish_reason=reason,
             replica_id=self.replica_id,
             weight_version=self.weight_version,

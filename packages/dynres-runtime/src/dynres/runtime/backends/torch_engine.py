@@ -37,7 +37,7 @@ from typing import Any
 
 from dynres.core.errors import BackendError, ConfigError, MissingExtraError, did_you_mean
 from dynres.core.loading import import_object
-from dynres.runtime.backends.extras import require_module
+from dynres.runtime.backends.extras import RunningMean, require_module
 from dynres.runtime.backends.weights import DEFAULT_BUCKET_BYTES, WeightBuckets, bucketize
 from dynres.runtime.protocols import OperationCosts, TrainStepResult, WeightUpdate
 
@@ -262,26 +262,6 @@ class PreparedBatch:
     """Reward of each sequence."""
 
 
-class _Avg:
-    """Running mean of a duration (seconds)."""
-
-    __slots__ = ("count", "total")
-
-    def __init__(self) -> None:
-        """Start empty."""
-        self.total, self.count = 0.0, 0
-
-    def add(self, s: float) -> None:
-        """Record one duration (seconds)."""
-        self.total += s
-        self.count += 1
-
-    @property
-    def mean(self) -> float | None:
-        """Mean (seconds) or None before the first record."""
-        return self.total / self.count if self.count else None
-
-
 def _tokens_of(resp: Any) -> list[int]:
     """Token ids of a response given as a GenerationResult-like object or a sequence."""
     ids = getattr(resp, "token_ids", resp)
@@ -321,7 +301,7 @@ class TorchTrainEngine:
         self._offloader = TensorOffloader()
         self._export_names: list[str] | None = None
         self._lock = asyncio.Lock()
-        self._avg = {op: _Avg() for op in ("offload", "onload", "export_weights")}
+        self._avg = {op: RunningMean() for op in ("offload", "onload", "export_weights")}
 
     @classmethod
     def from_pretrained(

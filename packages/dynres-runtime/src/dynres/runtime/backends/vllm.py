@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dynres.core.errors import BackendError, BackendTimeoutError, MissingExtraError
+from dynres.runtime.backends.extras import RunningMean
 from dynres.runtime.backends.weights import WeightBuckets, remove_bucket_files, write_bucket_files
 from dynres.runtime.protocols import (
     GenerationRequest,
@@ -186,27 +187,6 @@ class _Running:
         self.abort_requested = False
 
 
-class _Avg:
-    """Running mean of an operation's duration (seconds)."""
-
-    __slots__ = ("count", "total")
-
-    def __init__(self) -> None:
-        """Start empty."""
-        self.total = 0.0
-        self.count = 0
-
-    def add(self, seconds: float) -> None:
-        """Record one duration (seconds)."""
-        self.total += seconds
-        self.count += 1
-
-    @property
-    def mean(self) -> float | None:
-        """Mean duration (seconds) or None before the first record."""
-        return self.total / self.count if self.count else None
-
-
 class VllmReplica:
     """A :class:`Replica` backed by one vLLM v1 ``AsyncLLM`` engine (one process group per replica).
 
@@ -228,7 +208,7 @@ class VllmReplica:
         self._sleeping = False
         self._paused = False
         self._closed = False
-        self._avg = {op: _Avg() for op in ("sleep", "wake_up", "abort", "update_weights")}
+        self._avg = {op: RunningMean() for op in ("sleep", "wake_up", "abort", "update_weights")}
         if config.stop_token_ids is not None:
             self._stop_ids = tuple(config.stop_token_ids)
         else:

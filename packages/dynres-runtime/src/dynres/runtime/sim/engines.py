@@ -35,7 +35,8 @@ from dynres.runtime.protocols import (
     TrainStepResult,
     WeightUpdate,
 )
-from dynres.runtime.sim.workload import Repeat, per_request_rate, request_work
+from dynres.runtime.samples import Repeat
+from dynres.runtime.sim.workload import per_request_rate, request_work
 
 RESPONSE_TOKENS_KEY = "sim_response_tokens"
 """Key of ``GenerationRequest.extra`` holding the modelled response length (tokens)."""
