@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 from dynres.core.errors import BackendError
 from dynres.runtime.protocols import (
+    FinishReason,
     GenerationRequest,
     GenerationResult,
     OperationCosts,
@@ -286,7 +287,7 @@ class FakeReplica(_FaultsMixin):
                 if gen.aborted:
                     return self._result(gen, "abort")
                 if gen.produced >= gen.target:
-                    reason = "length" if gen.target >= request.max_tokens else "stop"
+                    reason: FinishReason = "length" if gen.target >= request.max_tokens else "stop"
                     self.completed.append(rid)
                     return self._result(gen, reason)
                 gen.wake.clear()

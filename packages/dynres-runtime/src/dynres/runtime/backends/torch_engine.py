@@ -618,7 +618,7 @@ class TorchTrainEngine:
     async def shutdown(self) -> None:
         """Drop the model, optimizer and any host copies."""
         self._offloader.discard()
-        self.optimizer = None  # type: ignore[assignment]
+        self.optimizer = None
         self.model = None
 
 

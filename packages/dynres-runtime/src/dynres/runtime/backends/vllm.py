@@ -53,6 +53,7 @@ from dynres.core.errors import BackendError, BackendTimeoutError, MissingExtraEr
 from dynres.runtime.backends.extras import RunningMean
 from dynres.runtime.backends.weights import WeightBuckets, remove_bucket_files, write_bucket_files
 from dynres.runtime.protocols import (
+    FinishReason,
     GenerationRequest,
     GenerationResult,
     OperationCosts,
@@ -82,6 +83,10 @@ def _import_vllm():
     return AsyncLLM, AsyncEngineArgs, SamplingParams, RequestOutputKind, current_platform
 
 
+_FINISH_REASONS: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
+"""vLLM's finish reasons that map onto ours as they are (others, e.g. None, end as "stop")."""
+
+
 class DynresWorkerExtension:
     """Mixed into each vLLM worker (``worker_extension_cls``): loads weight files in place."""
 
@@ -99,7 +104,8 @@ class DynresWorkerExtension:
                     count += 1
                     yield item
 
-        self.model_runner.reload_weights(weights_iterator=tensors())  # type: ignore[attr-defined]
+        runner = self.model_runner  # type: ignore[attr-defined]  # a vLLM worker's attribute: this class is mixed into one
+        runner.reload_weights(weights_iterator=tensors())
         return count
 
 
@@ -294,13 +300,13 @@ class VllmReplica:
             **extra,
         )
 
-    def _result(self, request: GenerationRequest, run: _Running, finish: str) -> GenerationResult:
+    def _result(self, request: GenerationRequest, run: _Running, finish: FinishReason) -> GenerationResult:
         """Build the result: the request's partial output followed by this run's tokens."""
         return GenerationResult(
             request_id=request.request_id,
             token_ids=list(request.partial_token_ids) + run.token_ids,
             logprobs=list(request.partial_logprobs) + run.logprobs,
-            finish_reason=finish,  # type: ignore[arg-type]
+            finish_reason=finish,
             replica_id=self.replica_id,
             weight_version=self.weight_version,
         )
@@ -349,11 +355,9 @@ class VllmReplica:
             raise BackendError(f"vLLM replica {self.replica_id!r}: generate {rid!r} failed: {exc}") from exc
         finally:
             self._running.pop(rid, None)
-        if finish not in ("stop", "length", "abort"):
-            finish = "abort" if run.abort_requested else "stop"
-        if run.abort_requested:
-            finish = "abort"
-        return self._result(request, run, finish)
+        # An abort wins over whatever vLLM reported; an unknown reason counts as a normal stop.
+        reason: FinishReason = "abort" if run.abort_requested else _FINISH_REASONS.get(finish, "stop")
+        return self._result(request, run, reason)
 
     async def abort(self, request_ids: Sequence[str] | None = None) -> list[str]:
         """Abort the given in-flight requests (None = all); return the ids that were running."""

@@ -39,10 +39,11 @@ def _list_presets() -> None:
 
 
 def _summary_table(results: list[Any]) -> Any:
+    from rich.console import JustifyMethod
     from rich.table import Table
 
     table = Table(title="simulated end-to-end time")
-    for col, justify in (
+    columns: tuple[tuple[str, JustifyMethod], ...] = (
         ("run", "left"),
         ("policy", "left"),
         ("end-to-end", "right"),
@@ -54,8 +55,9 @@ def _summary_table(results: list[Any]) -> Any:
         ("cluster util", "right"),
         ("switches", "right"),
         ("mean mq_size", "right"),
-    ):
-        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    )
+    for col, justify in columns:
+        table.add_column(col, justify=justify)
     first = results[0].end_to_end_s
     for r in results:
         s = r.summary()

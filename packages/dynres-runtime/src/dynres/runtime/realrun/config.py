@@ -20,7 +20,7 @@ import dataclasses
 import typing
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, create_model, model_validator
 
@@ -62,11 +62,16 @@ def _tiny_spec_model() -> type[StrictModel]:
 
     hints = typing.get_type_hints(TinyModelSpec)
     fields = {f.name: (hints[f.name], f.default) for f in dataclasses.fields(TinyModelSpec)}
-    return create_model("TinyModelSection", __base__=StrictModel, **fields)  # type: ignore[call-overload]
+    model = create_model("TinyModelSection", __base__=StrictModel, **fields)  # type: ignore[call-overload]  # fields from a dict
+    return model
 
 
-TinyModelSection = _tiny_spec_model()
-"""The ``model.tiny`` section: TinyModelSpec's fields (vocab_size, hidden_size, ...), strict."""
+if TYPE_CHECKING:
+    # Fields made at run time are invisible to mypy; to it the section is a plain StrictModel.
+    TinyModelSection = StrictModel
+else:
+    TinyModelSection = _tiny_spec_model()
+    """The ``model.tiny`` section: TinyModelSpec's fields (vocab_size, hidden_size, ...), strict."""
 
 
 class ModelSection(StrictModel):
@@ -75,7 +80,7 @@ class ModelSection(StrictModel):
     path: str | None = Field(
         None, description="HF-layout model directory visible on every node; null builds a tiny random Qwen2."
     )
-    tiny: TinyModelSection = Field(  # type: ignore[valid-type]
+    tiny: TinyModelSection = Field(
         default_factory=TinyModelSection, description="Shape of the random model (TinyModelSpec fields)."
     )
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="dtype of the tiny model.")

@@ -142,10 +142,12 @@ async def run_on_ray(
     run_fut: asyncio.Future[Any] | None = None
     try:
         system = await cluster.start(dyn, standalone=s_f, hybrid=h_f, trainer=t_f)
+        trainer = system.trainer
+        if trainer is None:
+            raise RuntimeStateError("the Ray cluster started no train engine; give RayCluster.start a trainer factory")
         backend["engines_start_s"] = round(system.start_s, 3)
         backend["placement"] = {
-            p.replica_id if hasattr(p, "replica_id") else "trainer": p.node_id
-            for p in [*system.replicas, system.trainer]
+            p.replica_id if hasattr(p, "replica_id") else "trainer": p.node_id for p in [*system.replicas, trainer]
         }
         backend["nodes"] = sorted({n["NodeID"] for n in ray.nodes() if n.get("Alive")})
         # The coordinator sits next to the driver: progress polls stay local, and losing a
@@ -155,9 +157,9 @@ async def run_on_ray(
         )
         build = Factory("dynres.runtime.realrun.engines:build_spec", {"config": cfg.model_dump()})
         # Engine start-up (imports, model loading) is not the run: measure the loops from here.
-        await asyncio.gather(*(p.loop_lag(reset=True) for p in [*system.replicas, system.trainer]))
+        await asyncio.gather(*(p.loop_lag(reset=True) for p in [*system.replicas, trainer]))
         run_fut = asyncio.ensure_future(
-            _await(coordinator.run.remote(build, system.standalone, system.hybrid, system.trainer))
+            _await(coordinator.run.remote(build, system.standalone, system.hybrid, trainer))
         )
         seen = 0
         while True:

@@ -27,6 +27,7 @@ from typing import Any
 
 from dynres.core.errors import BackendError, ReplicaUnavailableError
 from dynres.runtime.protocols import (
+    FinishReason,
     GenerationRequest,
     GenerationResult,
     OperationCosts,
@@ -191,7 +192,7 @@ class SimReplica:
         self.finished += 1
         self.decode_tokens += job.target - job.prefix
         req = job.request
-        reason = "length" if job.target >= req.max_tokens else "stop"
+        reason: FinishReason = "length" if job.target >= req.max_tokens else "stop"
         if not job.future.done():
             job.future.set_result(
                 GenerationResult(

@@ -206,7 +206,7 @@ def build_train_engine(scenario: Scenario, on_batch: Callable[[Any], None] | Non
             on_batch(batch)
             return await inner(batch)
 
-        engine.train_step = train_step  # type: ignore[method-assign]
+        engine.train_step = train_step  # type: ignore[method-assign]  # wraps this one instance, not the class
     return engine
 
 
