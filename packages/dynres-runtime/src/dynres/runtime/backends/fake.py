@@ -167,9 +167,9 @@ class FakeReplica(_FaultsMixin):
         :param log_generate: also log generate calls (turn off in benchmarks).
         """
         self.replica_id = replica_id
-        """Unique id."""
+        """Id the balancer routes by and the op log names (``s0``, ``h0``, ...)."""
         self.kind = ReplicaKind(kind)
-        """Standalone or hybrid."""
+        """Standalone (own GPUs, always on) or hybrid (shares the trainer's slot; starts asleep)."""
         self.target = replica_id
         self.latency = _latency_map(latency, REPLICA_OPS)
         """Seconds per operation."""
@@ -188,9 +188,9 @@ class FakeReplica(_FaultsMixin):
         self.abort_chunk = max(1, abort_chunk)
         """Requests woken per loop iteration by an abort (count)."""
         self.log: list[OpRecord] = log if log is not None else []
-        """The op log."""
+        """Every call's start and end, in order (shared between fakes to order calls across them)."""
         self.log_generate = log_generate
-        """Whether generate calls are logged."""
+        """Log generate calls too (off in benchmarks, where they would dominate the log)."""
         self.violations: list[str] = []
         """Lifecycle rules broken by the caller (must stay empty)."""
         start_asleep = self.kind is ReplicaKind.HYBRID if asleep is None else asleep
@@ -462,7 +462,7 @@ class FakeTrainEngine(_FaultsMixin):
         self.hang_on = set(hang_on)
         """Ops that never return."""
         self.log: list[OpRecord] = log if log is not None else []
-        """The op log."""
+        """Every call's start and end, in order (shared between fakes to order calls across them)."""
         self.violations: list[str] = []
         """Lifecycle rules broken by the caller (must stay empty)."""
         self.offloaded = False
@@ -579,7 +579,7 @@ class FakeCluster:
         ``phase_times`` (seconds per phase) and ``train_latency`` (seconds) to the trainer.
         """
         self.log: list[OpRecord] = []
-        """The shared op log."""
+        """Calls of every replica and the trainer in one list, in the order they happened."""
         kw: dict[str, Any] = {
             "tokens_per_s": tokens_per_s,
             "response_tokens": response_tokens,
@@ -588,15 +588,15 @@ class FakeCluster:
             "log_generate": log_generate,
         }
         self.standalone = [FakeReplica(f"s{i}", ReplicaKind.STANDALONE, **kw) for i in range(n_standalone)]
-        """Standalone replicas."""
+        """Replicas on their own GPUs (``s0``...), awake from the start."""
         self.hybrid = [FakeReplica(f"h{i}", ReplicaKind.HYBRID, **kw) for i in range(n_hybrid)]
-        """Hybrid replicas (start asleep)."""
+        """Replicas on the trainer's GPUs (``h0``...), asleep until the controller activates them."""
         self.engine = FakeTrainEngine(
             phase_times=phase_times if phase_times is not None else {"update_actor": 0.005},
             latency=train_latency,
             log=self.log,
         )
-        """The fake trainer."""
+        """The fake train engine, logging into the same op log as the replicas."""
 
     @property
     def replicas(self) -> list[FakeReplica]:

@@ -199,7 +199,7 @@ class TrainSample:
     """One prompt group: a prompt and its ``n`` responses (the unit of group normalisation)."""
 
     prompt_token_ids: Sequence[int]
-    """Prompt tokens."""
+    """Token ids of the prompt the responses continue (count: prompt length)."""
     responses: Sequence[Any]
     """Responses: ``GenerationResult``-like objects (``.token_ids``) or plain token sequences."""
     rewards: Sequence[float] | None = None
@@ -231,7 +231,7 @@ class TorchTrainConfig:
     device: str = "cpu"
     """Torch device of the model ("cpu", "cuda", "cuda:1", ...)."""
     dtype: str = "float32"
-    """Parameter dtype."""
+    """dtype the parameters are kept and trained in ("float32", "bfloat16")."""
     export_bucket_bytes: int = DEFAULT_BUCKET_BYTES
     """Upper bound of one exported weight bucket (bytes)."""
     export_dtype: str | None = None
@@ -259,7 +259,7 @@ class PreparedBatch:
     old_log_probs: Any
     """[B, T-1] token log-probs before the update (0 where loss_mask is 0)."""
     rewards: list[float]
-    """Reward of each sequence."""
+    """[B] reward of each sequence, before group normalisation."""
 
 
 def _tokens_of(resp: Any) -> list[int]:

@@ -124,7 +124,7 @@ class VllmReplicaConfig:
     enable_sleep_mode: bool = True
     """Ask for vLLM sleep mode; silently off where the platform lacks it (CPU)."""
     seed: int = 0
-    """Engine seed."""
+    """Seed of the engine's sampling RNG (vLLM ``seed``); a request's own ``seed`` overrides it."""
     enforce_eager: bool = False
     """Disable CUDA graphs / torch.compile (faster start, slower decode)."""
     enable_prefix_caching: bool = True

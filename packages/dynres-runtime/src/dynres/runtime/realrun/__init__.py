@@ -58,9 +58,9 @@ class RunOutcome:
     report: Any
     """The RunReport (None when the run was interrupted before it finished)."""
     out_dir: Path
-    """Where the files went."""
+    """Directory holding metrics.jsonl, report.json, backend.json and plots/."""
     backend: dict[str, Any] = field(default_factory=dict)
-    """Backend facts (also in backend.json)."""
+    """What backend.json holds: engines, placement, start-up time (seconds), loop lags (ms), lost replicas."""
     interrupted: bool = False
     """True when Ctrl-C stopped the run."""
 

@@ -109,23 +109,23 @@ class TrainTap:
         return result
 
     async def offload(self) -> None:
-        """Inner offload (explicit so the wrapper satisfies the TrainEngine protocol)."""
+        """Offload the inner engine (spelled out so the wrapper satisfies the TrainEngine protocol)."""
         await self._inner.offload()
 
     async def onload(self) -> None:
-        """Inner onload."""
+        """Onload the inner engine."""
         await self._inner.onload()
 
     async def export_weights(self) -> Any:
-        """Inner weight export."""
+        """The inner engine's weight update (its metrics are not touched)."""
         return await self._inner.export_weights()
 
     def costs(self) -> Any:
-        """Inner cost estimates."""
+        """The inner engine's operation cost estimates (seconds)."""
         return self._inner.costs()
 
     async def shutdown(self) -> None:
-        """Inner shutdown."""
+        """Shut the inner engine down."""
         await self._inner.shutdown()
 
     def take_means(self) -> dict[str, float]:

@@ -103,9 +103,9 @@ class SimReplica:
         if peak_tokens_per_s <= 0 or c_half < 0:
             raise ValueError("SimReplica needs peak_tokens_per_s > 0 and c_half >= 0")
         self.replica_id = replica_id
-        """Unique id of the replica."""
+        """Id the balancer routes by (``standalone-0``, ``hybrid-0``, ...)."""
         self.kind = kind
-        """Standalone or hybrid."""
+        """Standalone (own GPUs) or hybrid (shares the trainer's GPUs; starts asleep)."""
         self.peak_tokens_per_s = float(peak_tokens_per_s)
         """Saturated aggregate throughput (tokens/s)."""
         self.c_half = float(c_half)
@@ -116,7 +116,7 @@ class SimReplica:
         """Durations of sleep, wake-up, abort and weight update (seconds)."""
         self._response_tokens = response_tokens
         self.weight_version = 0
-        """Weight version loaded (count)."""
+        """Version of the weights it generates with (count of weight updates loaded)."""
         self.sleeping = asleep
         """True while asleep (no generation accepted)."""
         self.paused = False
