@@ -280,3 +280,20 @@ def test_non_finite_numbers_are_rejected(where, value):
     # inf passes every lower bound and would overflow int() in buffer sizes later.
     with pytest.raises(ConfigError, match="finite number"):
         load_config(where(value))
+
+
+def test_set_items_parse_as_yaml_and_merge_dotted() -> None:
+    from dynres.core.config import apply_overrides, parse_set_items
+
+    overrides = parse_set_items(["run.steps=3", "a.b.c=[1, 2]", "flag=", "run.steps=4"])
+    assert overrides == {"run.steps": 4, "a.b.c": [1, 2], "flag": None}
+    base = {"run": {"steps": 1, "seed": 7}}
+    merged = apply_overrides(base, overrides)
+    assert merged == {"run": {"steps": 4, "seed": 7}, "a": {"b": {"c": [1, 2]}}, "flag": None}
+    assert base == {"run": {"steps": 1, "seed": 7}}  # the input is not changed
+    with pytest.raises(ConfigError, match=r"'run.steps' is a value \(1\), not a section"):
+        apply_overrides(base, {"run.steps.x": 1})
+    with pytest.raises(ConfigError, match="dot-separated names"):
+        apply_overrides(base, {"run..steps": 1})
+    with pytest.raises(ConfigError, match=r"--set run.steps: value '\{a: 1' is not valid YAML"):
+        parse_set_items(["run.steps={a: 1"])

@@ -235,3 +235,48 @@ def test_scan_is_cached_until_cleared(make_dist):
     clear_policy_cache()
     assert "late_policy" in installed_policies()
     assert load_policy("late_policy").name == "late_policy"
+
+
+FILE_POLICY = """
+from dynres.core import Policy
+
+class Never(Policy):
+    name = "never"
+
+    def should_deactivate(self, ctx):
+        return ctx.is_hybrid_active
+
+    def deactivate_wait_samples(self, ctx):
+        return 0
+
+    def should_activate_after_step(self, ctx):
+        return False
+"""
+
+
+def test_file_path_loads_the_class_and_imports_the_file_once(tmp_path):
+    pol = tmp_path / "my_policy.py"
+    pol.write_text(FILE_POLICY + "\nLOADS = globals().get('LOADS', 0) + 1\n")
+    cls = resolve_policy_class(f"{pol}:Never")
+    assert cls.name == "never" and cls(None).should_activate_after_step(None) is False
+    assert resolve_policy_class(f"{pol}:Never") is cls  # same module object, not a second copy
+    from dynres.core.config import AsyncTrainingConfig
+    from dynres.core.loading import policy_from_config
+
+    at = AsyncTrainingConfig(dynamic_schedule_policy=f"{pol}:Never")
+    assert policy_from_config(at).name == "never"
+
+
+def test_file_path_errors_name_the_file_and_the_fix(tmp_path):
+    with pytest.raises(PolicyImportError, match=r"file '.*nope\.py' not found; check the path"):
+        resolve_policy_class(f"{tmp_path}/nope.py:Never")
+    pol = tmp_path / "p.py"
+    pol.write_text(FILE_POLICY)
+    with pytest.raises(PolicyImportError, match=r"defines no 'Nevr' \(did you mean 'Never'\?\)"):
+        resolve_policy_class(f"{pol}:Nevr")
+    broken = tmp_path / "broken.py"
+    broken.write_text("raise RuntimeError('boom')\n")
+    with pytest.raises(PolicyImportError, match="failed to import: RuntimeError: boom; fix the file"):
+        resolve_policy_class(f"{broken}:Never")
+    with pytest.raises(PolicyValidationError, match="not a subclass"):
+        resolve_policy_class(f"{pol}:Policy.__init__")

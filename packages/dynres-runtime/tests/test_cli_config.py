@@ -75,3 +75,39 @@ def test_invalid_files_one_line_exit_2(tmp_path: Path, text: str, needles: tuple
 def test_missing_file(tmp_path: Path) -> None:
     code, _, err = _check(tmp_path / "nope.yaml")
     assert code == 2 and "file not found" in err
+
+
+def test_policy_from_a_file(tmp_path: Path) -> None:
+    pol = _file(
+        tmp_path,
+        "from dynres.core import Policy\n"
+        "class Never(Policy):\n"
+        "    name = 'never'\n"
+        "    def should_deactivate(self, ctx): return ctx.is_hybrid_active\n"
+        "    def deactivate_wait_samples(self, ctx): return 0\n"
+        "    def should_activate_after_step(self, ctx): return False\n",
+        name="never.py",
+    )
+    p = _file(tmp_path, f"async_training:\n  dynamic_schedule_policy: {pol}:Never\n")
+    code, out, err = _check(p)
+    assert code == 0, err
+    assert f"policy: never ({pol}:Never)" in out
+    p = _file(tmp_path, f"async_training:\n  dynamic_schedule_policy: {pol}:Nevr\n", name="bad.yaml")
+    code, _, err = _check(p)
+    assert code == 2 and "defines no 'Nevr'" in err
+
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+@pytest.mark.parametrize("name", ["fake-minimal.yaml", "tiny-grpo-cpu.yaml"])
+def test_run_files_are_checked_as_run_files(name: str) -> None:
+    code, out, err = _check(REPO / "examples" / name)
+    assert code == 0, err
+    assert "is a valid dynres run file" in out and "policy: default" in out
+
+
+def test_run_file_typo_is_one_line(tmp_path: Path) -> None:
+    text = (REPO / "examples" / "fake-minimal.yaml").read_text().replace("runtime: local", "runtim: local")
+    code, _, err = _check(_file(tmp_path, text))
+    assert code == 2 and "unknown key 'engines.runtim' (did you mean 'runtime'?)" in err

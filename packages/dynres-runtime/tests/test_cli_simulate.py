@@ -125,6 +125,7 @@ def test_policy_from_a_file(tmp_path: Path) -> None:
         ),
         (("--preset", "seed-dynamic-16-16", "--set", "workload.decode.peak_tokens_per_s=fast"), ("peak_tokens_per_s",)),
         (("--preset", "seed-dynamic-16-16", "--set", "nonsense"), ("key=value",)),
+        (("--preset", "seed-dynamic-16-16", "--set", "steps=[1,"), ("--set steps: value '[1,' is not valid YAML",)),
         (("--preset", "seed-dynamic-16-16", "--compare", "seed-statc-8-24"), ("did you mean 'seed-static-8-24'",)),
         (("--preset", "seed-dynamic-16-16", "--policy", "no_such_module:Cls"), ("no_such_module",)),
         (("/nonexistent/scenario.yaml",), ("file not found",)),

@@ -20,6 +20,7 @@ from dynres.core.errors import ConfigError
 from dynres.core.metrics import METRIC_KEYS
 from dynres.runtime.cli import main
 from dynres.runtime.realrun import load_run_config
+from dynres.runtime.sim.runner import simulate
 
 FAKE = {
     "run": {"steps": 3, "seed": 0},
@@ -115,6 +116,15 @@ def test_fake_run_writes_metrics_report_and_plots(tmp_path):
     assert sorted(p.name for p in (out / "plots").iterdir())
     s = report["samples"]
     assert s["generated"] == s["consumed"] + s["dropped_stale"] + s["queued_at_end"]
+    # One record per cycle for both apps: the same keys as `dynres simulate --json` steps (train
+    # metrics aside) and the values the report holds.
+    sim_step = simulate("seed-dynamic-16-16", overrides={"steps": 1}).to_dict()["steps"][0]
+    own = {k for k in sim_step if not k.startswith("sim/")}
+    for r, c in zip(records, report["cycles"], strict=True):
+        assert {k for k in r if not k.startswith(("train/", "cycle_mean/"))} == own
+        for key in ("end_s", "samples_consumed", "activated", "rebalanced_requests", "step_wait_times"):
+            assert r[key] == c[key], key
+        assert r["train/samples"] == c["train_metrics"]["samples"]
 
 
 def _session_processes(marker: str) -> list[int]:
@@ -183,3 +193,35 @@ def test_ctrl_c_aborts_in_flight_work_and_stops_ray(tmp_path):
         assert _session_processes(ray_tmp) == []
     finally:
         shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+NEVER_POLICY = (
+    "from dynres.core import Policy\n"
+    "class Never(Policy):\n"
+    "    name = 'never'\n"
+    "    def should_deactivate(self, ctx): return ctx.is_hybrid_active\n"
+    "    def deactivate_wait_samples(self, ctx): return 0\n"
+    "    def should_activate_after_step(self, ctx): return False\n"
+)
+
+
+def test_policy_from_a_file_runs_and_a_missing_one_is_one_line(tmp_path):
+    pol = tmp_path / "never.py"
+    pol.write_text(NEVER_POLICY)
+    out = tmp_path / "out"
+    cfg = _write(tmp_path, FAKE)
+    result = _invoke(str(cfg), "--policy", f"{pol}:Never", "--out", str(out), "--no-progress", "--no-plots")
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "report.json").read_text())
+    assert report["policy"] == "never"
+    # The policy never activates the hybrid replica, so no cycle after the first has one running.
+    assert not any(c["activated"] for c in report["cycles"])
+    line = _one_error_line(_invoke(str(cfg), "--policy", f"{tmp_path}/gone.py:Never", "--out", str(out)))
+    assert "gone.py' not found" in line
+
+
+def test_bad_yaml_in_set_is_one_line_naming_the_key(tmp_path):
+    out = tmp_path / "out"
+    line = _one_error_line(_invoke(str(_write(tmp_path, FAKE)), "--set", "run.steps=[1,", "--out", str(out)))
+    assert "--set run.steps: value '[1,' is not valid YAML" in line and "quote the whole value" in line
+    assert not out.exists()  # checked before any work starts

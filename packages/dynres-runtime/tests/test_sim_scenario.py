@@ -7,9 +7,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from dynres.core.config import parse_set_item
 from dynres.core.errors import ConfigError, ScenarioError
 from dynres.runtime.sim import presets
-from dynres.runtime.sim.scenario import Scenario, load_scenario, parse_set_option
+from dynres.runtime.sim.scenario import Scenario, load_scenario
 
 
 def _write(tmp_path: Path, data: object, name: str = "sc.yaml") -> Path:
@@ -110,12 +111,14 @@ def test_extends_file_relative_and_cycle(tmp_path: Path) -> None:
 
 
 def test_set_overrides_parse_yaml_values() -> None:
-    assert parse_set_option("a.b=0.3") == ("a.b", 0.3)
-    assert parse_set_option("a=true") == ("a", True)
-    assert parse_set_option("a=[1, 2]") == ("a", [1, 2])
-    assert parse_set_option("a=text") == ("a", "text")
-    with pytest.raises(ScenarioError, match="key=value"):
-        parse_set_option("novalue")
+    assert parse_set_item("a.b=0.3") == ("a.b", 0.3)
+    assert parse_set_item("a=true") == ("a", True)
+    assert parse_set_item("a=[1, 2]") == ("a", [1, 2])
+    assert parse_set_item("a=text") == ("a", "text")
+    with pytest.raises(ConfigError, match="key=value"):
+        parse_set_item("novalue")
+    with pytest.raises(ConfigError, match=r"--set a.b: value '\[1,' is not valid YAML.*quote the whole value"):
+        parse_set_item("a.b=[1,")
     sc = load_scenario("seed-dynamic-16-16", overrides={"async_training.staleness_threshold": 0.3, "steps": 2})
     assert sc.async_training.staleness_threshold == 0.3 and sc.steps == 2
     with pytest.raises(ScenarioError, match="is a value"):

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 
 from dynres.runtime.protocols import GenerationRequest, ReplicaKind
+from dynres.runtime.samples import Repeat
 from dynres.runtime.sim.engines import RESPONSE_TOKENS_KEY, SimReplica, SimReplicaCosts, SimTrainEngine
 from dynres.runtime.sim.loop import run_virtual
 from dynres.runtime.sim.scenario import DecodeConfig, ResponseLengthConfig, TrainConfig
 from dynres.runtime.sim.workload import (
     LengthOracle,
-    Repeat,
     aggregate_throughput,
     capped_lognormal_mean,
     median_at_step,

@@ -15,7 +15,8 @@ The layout follows verl's training config so that its keys can be copied unchang
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import copy
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -263,3 +264,74 @@ def policy_params_from_config(cfg: AsyncTrainingConfig, params_model: type[BaseM
     if "deactivate_ratio" in params_model.model_fields and "deactivate_ratio" not in params:
         params["deactivate_ratio"] = cfg.dynamic_schedule_deactivate_ratio
     return params
+
+
+# ---- Overrides (``--set section.key=VALUE``) --------------------------------------------------
+
+SET_EXAMPLE = "async_training.staleness_threshold=0.3"
+"""The ``--set`` example errors show (valid in every dynres file that has an async_training section)."""
+
+
+def parse_set_item(item: str) -> tuple[str, Any]:
+    """Split one ``--set`` item ``dotted.key=VALUE`` and read VALUE as YAML (``3`` -> int, ``[1, 2]`` -> list).
+
+    An empty VALUE is None. Raises ConfigError naming the item and the fix when there is no ``=``
+    or VALUE is not valid YAML.
+    """
+    key, sep, raw = item.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ConfigError(f"--set {item!r}: write it as section.key=value, e.g. {SET_EXAMPLE}")
+    if not raw.strip():
+        return key, None
+    try:
+        return key, yaml.safe_load(raw)
+    except yaml.YAMLError as exc:
+        problem = " ".join(str(getattr(exc, "problem", None) or exc).split())
+        raise ConfigError(
+            f"--set {key}: value {raw!r} is not valid YAML ({problem}); close its brackets or quotes, "
+            f"or quote the whole value as a string, e.g. --set '{key}=\"...\"'"
+        ) from None
+
+
+def parse_set_items(items: Sequence[str]) -> dict[str, Any]:
+    """Every ``--set`` item as ``{dotted key: value}`` (a later item for the same key wins)."""
+    return dict(parse_set_item(item) for item in items)
+
+
+def set_dotted(data: dict[str, Any], dotted_key: str, value: Any) -> None:
+    """Set ``a.b.c = value`` in nested dicts, creating sections on the way; ConfigError on a bad key."""
+    parts = dotted_key.split(".")
+    if not dotted_key or any(not p for p in parts):
+        raise ConfigError(f"--set {dotted_key!r}: a key is dot-separated names, e.g. {SET_EXAMPLE}")
+    node = data
+    for i, part in enumerate(parts[:-1]):
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        elif not isinstance(child, dict):
+            where = ".".join(parts[: i + 1])
+            raise ConfigError(
+                f"--set {dotted_key}: {where!r} is a value ({child!r}), not a section; set {where}=... instead"
+            )
+        node = child
+    node[parts[-1]] = value
+
+
+def deep_merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    """Return ``base`` with ``override`` merged in: mappings merge key by key, other values replace."""
+    out = dict(base)
+    for key, value in override.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def apply_overrides(data: Mapping[str, Any], overrides: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A deep copy of ``data`` with each dotted override set (what ``--set`` does before validation)."""
+    out = copy.deepcopy(dict(data))
+    for dotted, value in (overrides or {}).items():
+        set_dotted(out, dotted, value)
+    return out

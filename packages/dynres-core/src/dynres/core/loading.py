@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib
+import importlib.util
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
+from pathlib import Path
 from typing import Any
 
 from dynres.core.errors import (
@@ -132,8 +136,48 @@ def import_object(
     return obj
 
 
+def import_from_file(spec: str, *, what: str = "policy") -> Any:
+    """Import ``"path/to/file.py:Name"`` (the file run once per process) and return ``Name``.
+
+    Raises PolicyImportError naming the file and the fix when it is missing, fails to import or
+    lacks ``Name``.
+    """
+    head, _, attr = spec.rpartition(":")
+    path = Path(head)
+    if not attr:
+        raise PolicyImportError(f"{what} {spec!r}: name the class after the file, e.g. {head}:MyPolicy")
+    if not path.is_file():
+        raise PolicyImportError(f"{what} {spec!r}: file {head!r} not found; check the path (relative to the cwd)")
+    # One module per resolved file, so naming the same file twice imports it once.
+    digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:16]
+    mod_name = f"_dynres_file_{digest}"
+    module = sys.modules.get(mod_name)
+    if module is None:
+        loader_spec = importlib.util.spec_from_file_location(mod_name, path)
+        if loader_spec is None or loader_spec.loader is None:
+            raise PolicyImportError(f"{what} {spec!r}: cannot import {head!r} as a module; give a .py file")
+        module = importlib.util.module_from_spec(loader_spec)
+        sys.modules[mod_name] = module
+        try:
+            loader_spec.loader.exec_module(module)
+        except Exception as exc:  # user code may fail at import time in any way
+            del sys.modules[mod_name]
+            raise PolicyImportError(
+                f"{what} {spec!r}: {head!r} failed to import: {type(exc).__name__}: {exc}; fix the file"
+            ) from exc
+    obj: Any = module
+    try:
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except AttributeError:
+        raise PolicyImportError(
+            f"{what} {spec!r}: {head!r} defines no {attr!r}{did_you_mean(attr, dir(module))}"
+        ) from None
+    return obj
+
+
 def resolve_policy_class(spec: str | type[Policy]) -> type[Policy]:
-    """Return the Policy class for a registered name, a ``module:Class`` path, or a class."""
+    """Return the Policy class for a registered name, ``module:Class``, ``path/to/file.py:Class`` or a class."""
     if isinstance(spec, type):
         return validate_policy_class(spec)
     if not isinstance(spec, str) or not spec.strip():
@@ -141,11 +185,28 @@ def resolve_policy_class(spec: str | type[Policy]) -> type[Policy]:
     spec = spec.strip()
     if ":" not in spec:
         return policy_entry(spec).load()
+    head = spec.rpartition(":")[0]
+    if head.endswith(".py"):
+        obj = import_from_file(spec, what="policy")
+        return validate_policy_class(obj, where=f"file path {spec!r}")
     obj = import_object(spec, what="policy", error=PolicyImportError)
     return validate_policy_class(obj, where=f"import path {spec!r}")
 
 
 def load_policy(spec: str | type[Policy], params: Policy.Params | Mapping[str, Any] | None = None) -> Policy:
-    """Build a policy from a registered name, ``module:Class`` path or class, with validated params."""
+    """Build a policy from a registered name, ``module:Class``, ``file.py:Class`` or class, with validated params."""
     cls = resolve_policy_class(spec)
     return cls(params)
+
+
+def policy_from_config(async_training: Any, spec: str | type[Policy] | None = None) -> Policy:
+    """Build the policy an ``async_training`` section names (or ``spec``), with params from that section.
+
+    ``spec`` replaces ``dynamic_schedule_policy`` (a name, ``module:Class``, ``file.py:Class`` or
+    class); params come from ``dynamic_schedule_policy_params`` and the starting ratio. Raises the
+    PolicyError subclasses of :func:`resolve_policy_class` and PolicyParamsError on bad params.
+    """
+    from dynres.core.config import policy_params_from_config
+
+    cls = resolve_policy_class(spec if spec is not None else async_training.dynamic_schedule_policy)
+    return cls(policy_params_from_config(async_training, cls.Params))

@@ -8,9 +8,9 @@ responses are finished.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
 
 from dynres.runtime.protocols import GenerationRequest, GenerationResult
 
@@ -175,3 +175,47 @@ def sample_from_dict(d: Mapping[str, Any]) -> Sample:
         finished_s=float(d["finished_s"]),
         aborts=int(d.get("aborts", 0)),
     )
+
+
+class Repeat(Sequence[float]):
+    """``length`` copies of ``value`` in O(1) memory: the per-token log-probs of simulated and fake replicas."""
+
+    __slots__ = ("_len", "_value")
+
+    def __init__(self, length: int, value: float = 0.0) -> None:
+        """``length`` items, each ``value``."""
+        self._len = max(0, int(length))
+        self._value = value
+
+    def __len__(self) -> int:
+        """Number of items."""
+        return self._len
+
+    @overload
+    def __getitem__(self, i: int) -> float: ...
+    @overload
+    def __getitem__(self, i: slice) -> Repeat: ...
+    def __getitem__(self, i: Any) -> Any:
+        """Item ``i`` (always ``value``) or a shorter Repeat for a slice."""
+        if isinstance(i, slice):
+            return Repeat(len(range(*i.indices(self._len))), self._value)
+        if not -self._len <= i < self._len:
+            raise IndexError("Repeat index out of range")
+        return self._value
+
+    def __iter__(self) -> Iterator[float]:
+        """Yield ``value`` ``length`` times."""
+        for _ in range(self._len):
+            yield self._value
+
+    def __eq__(self, other: object) -> bool:
+        """Equal to another sequence with the same items."""
+        if isinstance(other, Repeat):
+            return self._len == other._len and (self._len == 0 or self._value == other._value)
+        if isinstance(other, Sequence):
+            return len(other) == self._len and all(v == self._value for v in other)
+        return NotImplemented
+
+    def __repr__(self) -> str:
+        """Repeat(length, value)."""
+        return f"Repeat({self._len}, {self._value!r})"

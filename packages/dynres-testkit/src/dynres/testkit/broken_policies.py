@@ -71,6 +71,8 @@ class IgnoresUnknownParamsPolicy(_Sound):
 
         floor: float = Field(0.5, ge=0.0, le=1.0, description="fraction of a cycle's samples")
 
+    params: Params
+
     def __init__(self, params: Mapping[str, Any] | None = None) -> None:
         """Keep only the known keys (the bug)."""
         known = {k: v for k, v in dict(params or {}).items() if k in self.Params.model_fields}
@@ -84,7 +86,7 @@ class IntInsteadOfBoolPolicy(_Sound):
 
     def should_deactivate(self, ctx: ScheduleContext) -> bool:
         """Deactivate when there are active hybrid replicas (returns ``0`` when there are none)."""
-        return ctx.num_hybrid_replicas and ctx.is_hybrid_active  # type: ignore[return-value]
+        return ctx.num_hybrid_replicas and ctx.is_hybrid_active  # type: ignore[return-value]  # the planted bug
 
 
 class NegativeWaitPolicy(_Sound):
@@ -127,6 +129,8 @@ class CoinFlipPolicy(_Sound):
 
         epsilon: float = Field(0.5, ge=0.0, le=1.0, description="explore at all when > 0 (fraction; the coin decides)")
 
+    params: Params
+
     def should_activate_after_step(self, ctx: ScheduleContext) -> bool:
         """Activate when behind, or when the global coin says so (epsilon > 0)."""
         heads = next(_TOSSES) % 2 == 0
@@ -153,6 +157,8 @@ class ForgetfulPolicy(_Sound):
         """Warm-up length."""
 
         warmup_cycles: int = Field(1, ge=0, description="cycles during which it always activates")
+
+    params: Params
 
     def __init__(self, params: Mapping[str, Any] | None = None) -> None:
         """Start at cycle 0."""
@@ -212,6 +218,8 @@ class QueueFloorPolicy(Policy):
         """Floor of the queue."""
 
         floor: float = Field(0.5, ge=0.0, le=1.0, description="fraction of a cycle's samples")
+
+    params: Params
 
     def should_deactivate(self, ctx: ScheduleContext) -> bool:
         """Deactivate whenever hybrid replicas are active."""

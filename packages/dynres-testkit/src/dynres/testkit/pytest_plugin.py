@@ -117,7 +117,8 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     suite = _ConformanceSuite.from_parent(session, name=_SUITE_ID, nodeid=_SUITE_ID)
     checks = list(suite.collect())
     # Report them like any collected node so "collected N items" counts them.
-    session.ihook.pytest_collectreport(report=pytest.CollectReport(_SUITE_ID, "passed", None, checks))
+    result: list[pytest.Item | pytest.Collector] = list(checks)
+    session.ihook.pytest_collectreport(report=pytest.CollectReport(_SUITE_ID, "passed", None, result))
     items.extend(checks)
 
 

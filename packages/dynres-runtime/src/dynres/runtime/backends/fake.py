@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 from dynres.core.errors import BackendError
 from dynres.runtime.protocols import (
+    FinishReason,
     GenerationRequest,
     GenerationResult,
     OperationCosts,
@@ -30,6 +31,7 @@ from dynres.runtime.protocols import (
     TrainStepResult,
     WeightUpdate,
 )
+from dynres.runtime.samples import Repeat
 
 REPLICA_OPS: tuple[str, ...] = (
     "generate",
@@ -62,32 +64,6 @@ class OpRecord:
     """Start of the call, its normal end, or its end by an exception."""
     detail: str = ""
     """Free text: request id, tags, version, error."""
-
-
-class LogRepeat(Sequence[float]):
-    """A cheap read-only sequence of ``n`` copies of one log-prob (fakes' per-token log-probs)."""
-
-    def __init__(self, n: int, value: float = -1.0) -> None:
-        """``n`` copies (count) of ``value`` (log-prob)."""
-        self._n = n
-        self._value = value
-
-    def __len__(self) -> int:
-        """Number of tokens (count)."""
-        return self._n
-
-    def __getitem__(self, i: Any) -> Any:
-        """The constant (or a list of them for a slice)."""
-        if isinstance(i, slice):
-            return [self._value] * len(range(*i.indices(self._n)))
-        if not -self._n <= i < self._n:
-            raise IndexError(i)
-        return self._value
-
-    def __iter__(self) -> Iterator[float]:
-        """Yield the constant ``n`` times."""
-        for _ in range(self._n):
-            yield self._value
 
 
 def _latency_map(latency: float | Mapping[str, float], ops: Sequence[str]) -> dict[str, float]:
@@ -191,9 +167,9 @@ class FakeReplica(_FaultsMixin):
         :param log_generate: also log generate calls (turn off in benchmarks).
         """
         self.replica_id = replica_id
-        """Unique id."""
+        """Id the balancer routes by and the op log names (``s0``, ``h0``, ...)."""
         self.kind = ReplicaKind(kind)
-        """Standalone or hybrid."""
+        """Standalone (own GPUs, always on) or hybrid (shares the trainer's slot; starts asleep)."""
         self.target = replica_id
         self.latency = _latency_map(latency, REPLICA_OPS)
         """Seconds per operation."""
@@ -212,9 +188,9 @@ class FakeReplica(_FaultsMixin):
         self.abort_chunk = max(1, abort_chunk)
         """Requests woken per loop iteration by an abort (count)."""
         self.log: list[OpRecord] = log if log is not None else []
-        """The op log."""
+        """Every call's start and end, in order (shared between fakes to order calls across them)."""
         self.log_generate = log_generate
-        """Whether generate calls are logged."""
+        """Log generate calls too (off in benchmarks, where they would dominate the log)."""
         self.violations: list[str] = []
         """Lifecycle rules broken by the caller (must stay empty)."""
         start_asleep = self.kind is ReplicaKind.HYBRID if asleep is None else asleep
@@ -311,7 +287,7 @@ class FakeReplica(_FaultsMixin):
                 if gen.aborted:
                     return self._result(gen, "abort")
                 if gen.produced >= gen.target:
-                    reason = "length" if gen.target >= request.max_tokens else "stop"
+                    reason: FinishReason = "length" if gen.target >= request.max_tokens else "stop"
                     self.completed.append(rid)
                     return self._result(gen, reason)
                 gen.wake.clear()
@@ -341,7 +317,7 @@ class FakeReplica(_FaultsMixin):
         return GenerationResult(
             request_id=gen.request.request_id,
             token_ids=range(gen.produced),
-            logprobs=LogRepeat(gen.produced),
+            logprobs=Repeat(gen.produced, -1.0),
             finish_reason=reason,
             replica_id=self.replica_id,
             weight_version=self.weight_version,
@@ -486,7 +462,7 @@ class FakeTrainEngine(_FaultsMixin):
         self.hang_on = set(hang_on)
         """Ops that never return."""
         self.log: list[OpRecord] = log if log is not None else []
-        """The op log."""
+        """Every call's start and end, in order (shared between fakes to order calls across them)."""
         self.violations: list[str] = []
         """Lifecycle rules broken by the caller (must stay empty)."""
         self.offloaded = False
@@ -603,7 +579,7 @@ class FakeCluster:
         ``phase_times`` (seconds per phase) and ``train_latency`` (seconds) to the trainer.
         """
         self.log: list[OpRecord] = []
-        """The shared op log."""
+        """Calls of every replica and the trainer in one list, in the order they happened."""
         kw: dict[str, Any] = {
             "tokens_per_s": tokens_per_s,
             "response_tokens": response_tokens,
@@ -612,15 +588,15 @@ class FakeCluster:
             "log_generate": log_generate,
         }
         self.standalone = [FakeReplica(f"s{i}", ReplicaKind.STANDALONE, **kw) for i in range(n_standalone)]
-        """Standalone replicas."""
+        """Replicas on their own GPUs (``s0``...), awake from the start."""
         self.hybrid = [FakeReplica(f"h{i}", ReplicaKind.HYBRID, **kw) for i in range(n_hybrid)]
-        """Hybrid replicas (start asleep)."""
+        """Replicas on the trainer's GPUs (``h0``...), asleep until the controller activates them."""
         self.engine = FakeTrainEngine(
             phase_times=phase_times if phase_times is not None else {"update_actor": 0.005},
             latency=train_latency,
             log=self.log,
         )
-        """The fake trainer."""
+        """The fake train engine, logging into the same op log as the replicas."""
 
     @property
     def replicas(self) -> list[FakeReplica]:

@@ -37,7 +37,7 @@ from typing import Any
 
 from dynres.core.errors import BackendError, ConfigError, MissingExtraError, did_you_mean
 from dynres.core.loading import import_object
-from dynres.runtime.backends.extras import require_module
+from dynres.runtime.backends.extras import RunningMean, require_module
 from dynres.runtime.backends.weights import DEFAULT_BUCKET_BYTES, WeightBuckets, bucketize
 from dynres.runtime.protocols import OperationCosts, TrainStepResult, WeightUpdate
 
@@ -199,7 +199,7 @@ class TrainSample:
     """One prompt group: a prompt and its ``n`` responses (the unit of group normalisation)."""
 
     prompt_token_ids: Sequence[int]
-    """Prompt tokens."""
+    """Token ids of the prompt the responses continue (count: prompt length)."""
     responses: Sequence[Any]
     """Responses: ``GenerationResult``-like objects (``.token_ids``) or plain token sequences."""
     rewards: Sequence[float] | None = None
@@ -231,7 +231,7 @@ class TorchTrainConfig:
     device: str = "cpu"
     """Torch device of the model ("cpu", "cuda", "cuda:1", ...)."""
     dtype: str = "float32"
-    """Parameter dtype."""
+    """dtype the parameters are kept and trained in ("float32", "bfloat16")."""
     export_bucket_bytes: int = DEFAULT_BUCKET_BYTES
     """Upper bound of one exported weight bucket (bytes)."""
     export_dtype: str | None = None
@@ -259,27 +259,7 @@ class PreparedBatch:
     old_log_probs: Any
     """[B, T-1] token log-probs before the update (0 where loss_mask is 0)."""
     rewards: list[float]
-    """Reward of each sequence."""
-
-
-class _Avg:
-    """Running mean of a duration (seconds)."""
-
-    __slots__ = ("count", "total")
-
-    def __init__(self) -> None:
-        """Start empty."""
-        self.total, self.count = 0.0, 0
-
-    def add(self, s: float) -> None:
-        """Record one duration (seconds)."""
-        self.total += s
-        self.count += 1
-
-    @property
-    def mean(self) -> float | None:
-        """Mean (seconds) or None before the first record."""
-        return self.total / self.count if self.count else None
+    """[B] reward of each sequence, before group normalisation."""
 
 
 def _tokens_of(resp: Any) -> list[int]:
@@ -321,7 +301,7 @@ class TorchTrainEngine:
         self._offloader = TensorOffloader()
         self._export_names: list[str] | None = None
         self._lock = asyncio.Lock()
-        self._avg = {op: _Avg() for op in ("offload", "onload", "export_weights")}
+        self._avg = {op: RunningMean() for op in ("offload", "onload", "export_weights")}
 
     @classmethod
     def from_pretrained(
@@ -638,7 +618,7 @@ class TorchTrainEngine:
     async def shutdown(self) -> None:
         """Drop the model, optimizer and any host copies."""
         self._offloader.discard()
-        self.optimizer = None  # type: ignore[assignment]
+        self.optimizer = None
         self.model = None
 
 

@@ -50,8 +50,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dynres.core.errors import BackendError, BackendTimeoutError, MissingExtraError
+from dynres.runtime.backends.extras import RunningMean
 from dynres.runtime.backends.weights import WeightBuckets, remove_bucket_files, write_bucket_files
 from dynres.runtime.protocols import (
+    FinishReason,
     GenerationRequest,
     GenerationResult,
     OperationCosts,
@@ -81,6 +83,10 @@ def _import_vllm():
     return AsyncLLM, AsyncEngineArgs, SamplingParams, RequestOutputKind, current_platform
 
 
+_FINISH_REASONS: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
+"""vLLM's finish reasons that map onto ours as they are (others, e.g. None, end as "stop")."""
+
+
 class DynresWorkerExtension:
     """Mixed into each vLLM worker (``worker_extension_cls``): loads weight files in place."""
 
@@ -98,7 +104,8 @@ class DynresWorkerExtension:
                     count += 1
                     yield item
 
-        self.model_runner.reload_weights(weights_iterator=tensors())  # type: ignore[attr-defined]
+        runner = self.model_runner  # type: ignore[attr-defined]  # a vLLM worker's attribute: this class is mixed into one
+        runner.reload_weights(weights_iterator=tensors())
         return count
 
 
@@ -117,7 +124,7 @@ class VllmReplicaConfig:
     enable_sleep_mode: bool = True
     """Ask for vLLM sleep mode; silently off where the platform lacks it (CPU)."""
     seed: int = 0
-    """Engine seed."""
+    """Seed of the engine's sampling RNG (vLLM ``seed``); a request's own ``seed`` overrides it."""
     enforce_eager: bool = False
     """Disable CUDA graphs / torch.compile (faster start, slower decode)."""
     enable_prefix_caching: bool = True
@@ -186,27 +193,6 @@ class _Running:
         self.abort_requested = False
 
 
-class _Avg:
-    """Running mean of an operation's duration (seconds)."""
-
-    __slots__ = ("count", "total")
-
-    def __init__(self) -> None:
-        """Start empty."""
-        self.total = 0.0
-        self.count = 0
-
-    def add(self, seconds: float) -> None:
-        """Record one duration (seconds)."""
-        self.total += seconds
-        self.count += 1
-
-    @property
-    def mean(self) -> float | None:
-        """Mean duration (seconds) or None before the first record."""
-        return self.total / self.count if self.count else None
-
-
 class VllmReplica:
     """A :class:`Replica` backed by one vLLM v1 ``AsyncLLM`` engine (one process group per replica).
 
@@ -228,7 +214,7 @@ class VllmReplica:
         self._sleeping = False
         self._paused = False
         self._closed = False
-        self._avg = {op: _Avg() for op in ("sleep", "wake_up", "abort", "update_weights")}
+        self._avg = {op: RunningMean() for op in ("sleep", "wake_up", "abort", "update_weights")}
         if config.stop_token_ids is not None:
             self._stop_ids = tuple(config.stop_token_ids)
         else:
@@ -314,13 +300,13 @@ class VllmReplica:
             **extra,
         )
 
-    def _result(self, request: GenerationRequest, run: _Running, finish: str) -> GenerationResult:
+    def _result(self, request: GenerationRequest, run: _Running, finish: FinishReason) -> GenerationResult:
         """Build the result: the request's partial output followed by this run's tokens."""
         return GenerationResult(
             request_id=request.request_id,
             token_ids=list(request.partial_token_ids) + run.token_ids,
             logprobs=list(request.partial_logprobs) + run.logprobs,
-            finish_reason=finish,  # type: ignore[arg-type]
+            finish_reason=finish,
             replica_id=self.replica_id,
             weight_version=self.weight_version,
         )
@@ -369,11 +355,9 @@ class VllmReplica:
             raise BackendError(f"vLLM replica {self.replica_id!r}: generate {rid!r} failed: {exc}") from exc
         finally:
             self._running.pop(rid, None)
-        if finish not in ("stop", "length", "abort"):
-            finish = "abort" if run.abort_requested else "stop"
-        if run.abort_requested:
-            finish = "abort"
-        return self._result(request, run, finish)
+        # An abort wins over whatever vLLM reported; an unknown reason counts as a normal stop.
+        reason: FinishReason = "abort" if run.abort_requested else _FINISH_REASONS.get(finish, "stop")
+        return self._result(request, run, reason)
 
     async def abort(self, request_ids: Sequence[str] | None = None) -> list[str]:
         """Abort the given in-flight requests (None = all); return the ids that were running."""

@@ -157,9 +157,3 @@ def materialize(buckets: WeightBuckets, directory: str | Path | None = None) -> 
         return buckets
     files = write_bucket_files(buckets.buckets, directory)
     return WeightBuckets(files=tuple(files), nbytes=buckets.nbytes, names=buckets.names)
-
-
-def state_dict_checksum(named_tensors: Iterable[tuple[str, Any]]) -> dict[str, float]:
-    """Per-tensor float64 sums (name -> sum), a cheap fingerprint to compare two weight sets."""
-    torch = _torch()
-    return {n: float(t.detach().to("cpu", torch.float64).sum()) for n, t in named_tensors}

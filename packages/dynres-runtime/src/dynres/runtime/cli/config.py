@@ -1,4 +1,4 @@
-"""``dynres config check FILE``: validate a dynres config or a simulator scenario file."""
+"""``dynres config check FILE``: validate a dynres config, a ``dynres run`` file or a simulator scenario."""
 
 from __future__ import annotations
 
@@ -7,8 +7,10 @@ from typing import Any
 
 import click
 
+RUN_KEYS = frozenset({"run", "engines", "model", "task"})
+"""Top-level keys only a ``dynres run`` file has; a file with any of them is checked as one."""
 SCENARIO_KEYS = frozenset({"cluster", "workload", "costs", "steps", "seed", "extends", "description", "name"})
-"""Top-level keys only a simulator scenario has; a file with any of them is checked as one."""
+"""Top-level keys only a simulator scenario has (``cluster`` aside, which run files share)."""
 
 
 @click.group(name="config")
@@ -19,25 +21,26 @@ def command() -> None:
 @command.command(name="check")
 @click.argument("file", type=click.Path(dir_okay=False))
 def check(file: str) -> None:
-    """Validate FILE (a DynresConfig YAML or a scenario file) and its policy; print OK + a summary."""
+    """Validate FILE (a dynres config, a `dynres run` file or a scenario) and its policy; print OK + a summary."""
     from dynres.core.config import read_yaml
 
     data = read_yaml(file)
-    if isinstance(data, Mapping) and SCENARIO_KEYS & set(data):
+    keys = set(data) if isinstance(data, Mapping) else set()
+    if keys & RUN_KEYS:
+        _check_run(file)
+    elif keys & SCENARIO_KEYS:
         _check_scenario(file)
     else:
         _check_config(file, data)
 
 
 def _check_policy(async_training: Any) -> str:
-    """Resolve the named policy and validate its params; return 'name (distribution/path)'."""
-    from dynres.core import resolve_policy_class
-    from dynres.core.config import policy_params_from_config
+    """Build the named policy with its params (so bad ones fail here); return 'name (path)'."""
+    from dynres.core.loading import policy_from_config
 
     spec = async_training.dynamic_schedule_policy
-    cls = resolve_policy_class(spec)
-    cls.validate_params(policy_params_from_config(async_training, cls.Params))
-    return cls.name if cls.name == spec else f"{cls.name} ({spec})"
+    name = policy_from_config(async_training).name
+    return name if name == spec else f"{name} ({spec})"
 
 
 def _check_scenario(file: str) -> None:
@@ -48,6 +51,20 @@ def _check_scenario(file: str) -> None:
     policy = _check_policy(scenario.async_training)
     click.echo(f"OK: {file} is a valid simulator scenario")
     click.echo(f"  {scenario.summary()}")
+    click.echo(f"  policy: {policy}")
+
+
+def _check_run(file: str) -> None:
+    from dynres.runtime.realrun.config import load_run_config
+
+    cfg = load_run_config(file)
+    policy = _check_policy(cfg.async_training)
+    eng = cfg.engines
+    click.echo(f"OK: {file} is a valid dynres run file")
+    click.echo(
+        f"  {cfg.run.steps} cycles; {cfg.num_standalone_replicas} standalone + {cfg.num_hybrid_replicas} hybrid "
+        f"{eng.rollout} replicas, {eng.trainer} trainer, runtime {eng.runtime}"
+    )
     click.echo(f"  policy: {policy}")
 
 

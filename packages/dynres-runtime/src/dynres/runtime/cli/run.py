@@ -21,21 +21,6 @@ EXIT_INTERRUPTED = 130
 """Exit status after Ctrl-C (128 + SIGINT), as shells report it."""
 
 
-def _parse_set(values: tuple[str, ...]) -> dict[str, Any]:
-    """``KEY=VALUE`` pairs (VALUE read as YAML, so numbers and booleans keep their type)."""
-    import yaml
-
-    from dynres.core.errors import ConfigError
-
-    out: dict[str, Any] = {}
-    for item in values:
-        key, sep, raw = item.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError(f"--set {item!r}: write it as section.key=value, e.g. run.steps=3")
-        out[key.strip()] = yaml.safe_load(raw) if raw.strip() else None
-    return out
-
-
 @click.command(name="run")
 @click.argument("config", type=click.Path(dir_okay=False))
 @click.option(
@@ -74,11 +59,12 @@ def command(
     """Run fully-async training from CONFIG (engines, cluster, model, policy, steps) and report."""
     from rich.console import Console
 
+    from dynres.core.config import parse_set_items
     from dynres.runtime.realrun import execute, load_run_config, load_run_policy, operations_lines, reward_key
 
     level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    overrides = _parse_set(sets)
+    overrides = parse_set_items(sets)
     if steps is not None:
         overrides["run.steps"] = steps
     if policy is not None:

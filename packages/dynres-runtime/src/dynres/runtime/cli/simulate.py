@@ -39,10 +39,11 @@ def _list_presets() -> None:
 
 
 def _summary_table(results: list[Any]) -> Any:
+    from rich.console import JustifyMethod
     from rich.table import Table
 
     table = Table(title="simulated end-to-end time")
-    for col, justify in (
+    columns: tuple[tuple[str, JustifyMethod], ...] = (
         ("run", "left"),
         ("policy", "left"),
         ("end-to-end", "right"),
@@ -54,8 +55,9 @@ def _summary_table(results: list[Any]) -> Any:
         ("cluster util", "right"),
         ("switches", "right"),
         ("mean mq_size", "right"),
-    ):
-        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    )
+    for col, justify in columns:
+        table.add_column(col, justify=justify)
     first = results[0].end_to_end_s
     for r in results:
         s = r.summary()
@@ -174,14 +176,12 @@ def command(
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from dynres.core.config import parse_set_items
     from dynres.runtime.sim import presets
     from dynres.runtime.sim.runner import build_policy, simulate
-    from dynres.runtime.sim.scenario import load_scenario, parse_set_option
+    from dynres.runtime.sim.scenario import load_scenario
 
-    overrides: dict[str, Any] = {}
-    for item in sets:
-        key, value = parse_set_option(item)
-        overrides[key] = value
+    overrides = parse_set_items(sets)
     main_source = preset if preset else scenario
     assert main_source is not None
     if preset and not presets.is_preset(preset):

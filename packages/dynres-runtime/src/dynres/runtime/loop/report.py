@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from dynres.core.metrics import METRIC_KEYS
 from dynres.runtime.loop.controller import StateChange
 from dynres.runtime.loop.decisions import DecisionRecord
 from dynres.runtime.loop.ops import OpFailure, OpStat
@@ -67,6 +69,43 @@ class CycleReport:
     """The train engine's metrics of the cycle's last fit step."""
     decisions: list[DecisionRecord] = field(default_factory=list)
     """Policy decisions made during the cycle, in order."""
+
+    def to_record(self) -> dict[str, Any]:
+        """The cycle as one flat record: ``metrics.jsonl`` of ``dynres run``, ``steps`` of ``dynres simulate``.
+
+        Keys: every field but ``decisions`` under its own name, each ``dynamic_resource/*`` key at
+        the top level (NaN when the cycle lacks it), and each train metric under its own name when
+        it has a ``/`` (``reward/mean``, ``cycle_mean/loss``), else as ``train/<name>``.
+        """
+        rec: dict[str, Any] = {
+            "step": self.step,
+            "start_s": self.start_s,
+            "end_s": self.end_s,
+            "duration_s": self.duration_s,
+        }
+        rec.update({key: self.metrics.get(key, math.nan) for key in METRIC_KEYS})
+        rec.update(self.metrics)
+        # Train metrics without a namespace get one, so "step" or "loss" never shadow a field.
+        rec.update({k if "/" in k else f"train/{k}": v for k, v in self.train_metrics.items()})
+        rec.update(
+            hybrid_active_at_start=self.hybrid_active_at_start,
+            activated=self.activated,
+            deactivated=self.deactivated,
+            rebalanced=self.rebalanced,
+            rebalanced_requests=self.rebalanced_requests,
+            deactivate_wait_samples=self.deactivate_wait_samples,
+            wait_for_enough_samples_s=self.wait_for_enough_samples_s,
+            step_wait_times=list(self.step_wait_times),
+            step_wait_samples=list(self.step_wait_samples),
+            samples_generated=self.samples_generated,
+            samples_consumed=self.samples_consumed,
+            samples_dropped_stale=self.samples_dropped_stale,
+            queue_size_end=self.queue_size_end,
+            weight_version=self.weight_version,
+            activate_duration_s=self.activate_duration_s,
+            deactivate_duration_s=self.deactivate_duration_s,
+        )
+        return rec
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""The coordinator actor: the rollouter side of a run (balancer, message queue, controller, loops).
+"""``dynres run`` on Ray: the coordinator actor (the rollouter side of a run) and the driver's run path.
 
 ``run_fully_async`` runs here, inside one async actor, and reaches replicas and the train engine
 only through their proxies (``await handle.method.remote()``). The message queue lives in this
@@ -14,13 +14,20 @@ calls :meth:`CoordinatorActor.stop` on Ctrl-C. If the driver dies, Ray kills thi
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
-from dynres.core.errors import RuntimeStateError
+from dynres.core.errors import DynresError, RuntimeStateError
 from dynres.runtime.backends.ray.factory import Factory
 from dynres.runtime.backends.ray.monitor import LoopLag, LoopLagMonitor
+
+if TYPE_CHECKING:
+    from dynres.runtime.realrun.config import RunConfig
+    from dynres.runtime.realrun.output import MetricsSink
+
+logger = logging.getLogger("dynres.runtime.realrun")
 
 
 class CoordinatorActor:
@@ -100,3 +107,111 @@ class CoordinatorActor:
         from dynres.runtime.backends.ray._ray import require_ray
 
         return require_ray().get_runtime_context().get_node_id()
+
+
+def _unwrap(exc: BaseException) -> BaseException:
+    """The DynresError inside a Ray task error (so the CLI prints its one line), else ``exc``."""
+    cause = getattr(exc, "cause", None)
+    while cause is not None and not isinstance(exc, DynresError):
+        exc, cause = cause, getattr(cause, "cause", None)
+    return exc
+
+
+async def run_on_ray(
+    cfg: RunConfig,
+    model_path: str | None,
+    sink: MetricsSink,
+    backend: dict[str, Any],
+    on_status: Callable[[dict[str, Any]], None] | None,
+    poll_s: float,
+) -> Any:
+    """Start the engines as Ray actors, run the loop in a :class:`CoordinatorActor`, stream cycles to ``sink``.
+
+    Fills ``backend`` with placement, nodes, loop lags, lost replicas and shutdown problems; on
+    cancellation (Ctrl-C) stops the coordinator cleanly before re-raising.
+    """
+    from dynres.runtime.backends.ray._ray import require_ray
+    from dynres.runtime.backends.ray.cluster import RayCluster, driver_node_id
+    from dynres.runtime.realrun.engines import engine_factories
+
+    ray = require_ray()
+    cluster = RayCluster(cfg.cluster)
+    s_f, h_f, t_f = engine_factories(cfg, model_path)
+    dyn = cfg.dynres_config()
+    coordinator = None
+    run_fut: asyncio.Future[Any] | None = None
+    try:
+        system = await cluster.start(dyn, standalone=s_f, hybrid=h_f, trainer=t_f)
+        trainer = system.trainer
+        if trainer is None:
+            raise RuntimeStateError("the Ray cluster started no train engine; give RayCluster.start a trainer factory")
+        backend["engines_start_s"] = round(system.start_s, 3)
+        backend["placement"] = {
+            p.replica_id if hasattr(p, "replica_id") else "trainer": p.node_id for p in [*system.replicas, trainer]
+        }
+        backend["nodes"] = sorted({n["NodeID"] for n in ray.nodes() if n.get("Alive")})
+        # The coordinator sits next to the driver: progress polls stay local, and losing a
+        # rollout node never takes the run's brain with it.
+        coordinator = cluster.spawn(
+            CoordinatorActor, cfg.cluster.lag_interval_s, node_id=driver_node_id(), name="dynres-coordinator"
+        )
+        build = Factory("dynres.runtime.realrun.engines:build_spec", {"config": cfg.model_dump()})
+        # Engine start-up (imports, model loading) is not the run: measure the loops from here.
+        await asyncio.gather(*(p.loop_lag(reset=True) for p in [*system.replicas, trainer]))
+        run_fut = asyncio.ensure_future(
+            _await(coordinator.run.remote(build, system.standalone, system.hybrid, trainer))
+        )
+        seen = 0
+        while True:
+            done, _ = await asyncio.wait({run_fut}, timeout=poll_s)
+            for cycle in await coordinator.events.remote(seen):
+                seen += 1
+                sink(cycle)
+            if on_status is not None:
+                on_status(await coordinator.status.remote())
+            if done:
+                try:
+                    report = done.pop().result()
+                except Exception as exc:
+                    raise _unwrap(exc) from None
+                break
+        backend["loop_lag"] = await _loop_lags(coordinator, system)
+        return report
+    except asyncio.CancelledError:
+        # Ctrl-C: the coordinator's teardown aborts in-flight requests and deactivates hybrids.
+        if coordinator is not None:
+            try:
+                backend["stop"] = await asyncio.wait_for(
+                    coordinator.stop.remote(cfg.cluster.shutdown_timeout_s), cfg.cluster.shutdown_timeout_s + 5
+                )
+                for cycle in await coordinator.events.remote(sink.count):
+                    sink(cycle)
+            except Exception as exc:
+                backend["stop"] = {"stopped": False, "error": f"{type(exc).__name__}: {exc}"}
+                logger.warning("coordinator did not stop cleanly: %s", exc)
+        if run_fut is not None:
+            # The remote run ends with TaskCancelledError now; collect it so nothing is logged.
+            run_fut.cancel()
+            await asyncio.gather(run_fut, return_exceptions=True)
+        raise
+    finally:
+        backend["lost"] = {p.replica_id: p.lost_reason for p in cluster.system.replicas if p.lost_reason is not None}
+        backend["shutdown_problems"] = await cluster.shutdown()
+
+
+async def _await(ref: Any) -> Any:
+    return await ref
+
+
+async def _loop_lags(coordinator: Any, system: Any) -> dict[str, float]:
+    """Worst event-loop gap of each live actor during the run (milliseconds)."""
+    out: dict[str, float] = {}
+    targets = [("coordinator", coordinator.loop_lag.remote())]
+    targets += [(p.replica_id, p.handle.loop_lag.remote()) for p in system.replicas if p.lost_reason is None]
+    targets.append(("trainer", system.trainer.handle.loop_lag.remote()))
+    for name, ref in targets:
+        try:
+            out[name] = round((await ref).max_gap_s * 1000, 2)
+        except Exception:
+            continue
+    return out

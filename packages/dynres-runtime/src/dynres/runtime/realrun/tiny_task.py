@@ -47,7 +47,7 @@ class TinyModelSpec:
     max_position_embeddings: int = 512
     """Longest sequence the model accepts (tokens); vLLM's max_model_len must not exceed it."""
     eos_token_id: int = 0
-    """End-of-sequence token id."""
+    """Token id that ends a response (vLLM stops there unless ``ignore_eos``)."""
     tie_word_embeddings: bool = False
     """Untied by default so that lm_head can be changed alone in tests."""
 

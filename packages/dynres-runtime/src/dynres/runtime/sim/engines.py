@@ -27,6 +27,7 @@ from typing import Any
 
 from dynres.core.errors import BackendError, ReplicaUnavailableError
 from dynres.runtime.protocols import (
+    FinishReason,
     GenerationRequest,
     GenerationResult,
     OperationCosts,
@@ -35,7 +36,8 @@ from dynres.runtime.protocols import (
     TrainStepResult,
     WeightUpdate,
 )
-from dynres.runtime.sim.workload import Repeat, per_request_rate, request_work
+from dynres.runtime.samples import Repeat
+from dynres.runtime.sim.workload import per_request_rate, request_work
 
 RESPONSE_TOKENS_KEY = "sim_response_tokens"
 """Key of ``GenerationRequest.extra`` holding the modelled response length (tokens)."""
@@ -101,9 +103,9 @@ class SimReplica:
         if peak_tokens_per_s <= 0 or c_half < 0:
             raise ValueError("SimReplica needs peak_tokens_per_s > 0 and c_half >= 0")
         self.replica_id = replica_id
-        """Unique id of the replica."""
+        """Id the balancer routes by (``standalone-0``, ``hybrid-0``, ...)."""
         self.kind = kind
-        """Standalone or hybrid."""
+        """Standalone (own GPUs) or hybrid (shares the trainer's GPUs; starts asleep)."""
         self.peak_tokens_per_s = float(peak_tokens_per_s)
         """Saturated aggregate throughput (tokens/s)."""
         self.c_half = float(c_half)
@@ -114,7 +116,7 @@ class SimReplica:
         """Durations of sleep, wake-up, abort and weight update (seconds)."""
         self._response_tokens = response_tokens
         self.weight_version = 0
-        """Weight version loaded (count)."""
+        """Version of the weights it generates with (count of weight updates loaded)."""
         self.sleeping = asleep
         """True while asleep (no generation accepted)."""
         self.paused = False
@@ -190,7 +192,7 @@ class SimReplica:
         self.finished += 1
         self.decode_tokens += job.target - job.prefix
         req = job.request
-        reason = "length" if job.target >= req.max_tokens else "stop"
+        reason: FinishReason = "length" if job.target >= req.max_tokens else "stop"
         if not job.future.done():
             job.future.set_result(
                 GenerationResult(

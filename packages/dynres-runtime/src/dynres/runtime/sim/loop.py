@@ -25,12 +25,14 @@ from __future__ import annotations
 import asyncio
 import selectors
 import time
-from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, TypeVar
+from collections.abc import Callable, Coroutine
+from concurrent.futures import Executor
+from typing import Any, TypeVar, TypeVarTuple, Unpack
 
 from dynres.core.errors import RuntimeStateError
 
 T = TypeVar("T")
+Ts = TypeVarTuple("Ts")
 
 DEFAULT_THREAD_GRACE_S = 5.0
 """Real seconds a pending thread may hold the virtual clock before it counts as hung."""
@@ -161,7 +163,9 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         """Virtual time in seconds."""
         return self.clock.now
 
-    def run_in_executor(self, executor: Any, func: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+    def run_in_executor(
+        self, executor: Executor | None, func: Callable[[Unpack[Ts]], T], *args: *Ts
+    ) -> asyncio.Future[T]:
         """Run ``func`` in a thread like the base loop, freezing virtual time until it finishes."""
         fut = super().run_in_executor(executor, func, *args)
         key = id(fut)
@@ -179,13 +183,8 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
             self.clock.release(key)
 
 
-def new_virtual_loop(**kwargs: Any) -> VirtualTimeLoop:
-    """Build a :class:`VirtualTimeLoop` (a ``loop_factory`` for :class:`asyncio.Runner`)."""
-    return VirtualTimeLoop(**kwargs)
-
-
 def run_virtual(
-    main: Coroutine[Any, Any, T] | Callable[[], Awaitable[T]],
+    main: Coroutine[Any, Any, T] | Callable[[], Coroutine[Any, Any, T]],
     *,
     thread_grace_s: float = DEFAULT_THREAD_GRACE_S,
     idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
@@ -194,7 +193,7 @@ def run_virtual(
 
     ``main`` may be a coroutine or a zero-argument async callable. Virtual time starts at 0.
     """
-    coro = main if asyncio.iscoroutine(main) else main()  # type: ignore[operator]
+    coro = main() if callable(main) else main
     with asyncio.Runner(
         loop_factory=lambda: VirtualTimeLoop(thread_grace_s=thread_grace_s, idle_timeout_s=idle_timeout_s)
     ) as runner:

@@ -9,21 +9,18 @@ lengths, and the virtual-time event loop.
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dynres.core import Policy, resolve_policy_class
-from dynres.core.config import policy_params_from_config
-from dynres.core.errors import PolicyImportError, ScenarioError
+from dynres.core import Policy
+from dynres.core.errors import ScenarioError
+from dynres.core.loading import policy_from_config
 from dynres.core.metrics import (
     CLUSTER_UTILIZATION,
-    METRIC_KEYS,
     MQ_SIZE,
     ROLLOUT_UTILIZATION,
     TRAIN_UTILIZATION,
@@ -123,30 +120,11 @@ class SimResult:
                 "lower_bound_terms": dict(self.bound.terms),
                 "lower_bound_binding": self.bound.binding,
                 "cluster": s.cluster.model_dump(),
-                "steps": [_step_dict(c) for c in self.report.cycles],
+                "steps": [c.to_record() for c in self.report.cycles],
                 "sim": dict(self.extra),
                 "report": self.report.to_dict(),
             }
         )
-
-
-def _step_dict(c: CycleReport) -> dict[str, Any]:
-    out: dict[str, Any] = {"step": c.step, "start_s": c.start_s, "end_s": c.end_s, "duration_s": c.duration_s}
-    for key in METRIC_KEYS:
-        out[key] = c.metrics.get(key, math.nan)
-    out.update(
-        hybrid_active_at_start=c.hybrid_active_at_start,
-        deactivated=c.deactivated,
-        activated=c.activated,
-        deactivate_wait_samples=c.deactivate_wait_samples,
-        wait_for_enough_samples_s=c.wait_for_enough_samples_s,
-        step_wait_times=list(c.step_wait_times),
-        step_wait_samples=list(c.step_wait_samples),
-        samples_generated=c.samples_generated,
-        samples_dropped_stale=c.samples_dropped_stale,
-        queue_size_end=c.queue_size_end,
-    )
-    return out
 
 
 def _scrub(v: Any) -> Any:
@@ -162,11 +140,6 @@ def _scrub(v: Any) -> Any:
 
 
 # ---- Building the simulated cluster ---------------------------------------------------------
-
-
-def sample_index(sample_id: str) -> int:
-    """Index of a simulated sample from its id ``"s<index>"``."""
-    return int(sample_id[1:])
 
 
 def prompt_groups(scenario: Scenario, oracle: LengthOracle) -> Iterator[PromptGroup]:
@@ -233,50 +206,18 @@ def build_train_engine(scenario: Scenario, on_batch: Callable[[Any], None] | Non
             on_batch(batch)
             return await inner(batch)
 
-        engine.train_step = train_step  # type: ignore[method-assign]
+        engine.train_step = train_step  # type: ignore[method-assign]  # wraps this one instance, not the class
     return engine
 
 
 # ---- Policies --------------------------------------------------------------------------------
 
 
-def resolve_policy_spec(spec: str) -> type[Policy]:
-    """A policy class from a registered name, ``module:Class`` or ``path/to/file.py:Class``."""
-    head, sep, attr = spec.rpartition(":")
-    if sep and head.endswith(".py"):
-        path = Path(head)
-        if not path.is_file():
-            raise PolicyImportError(f"policy {spec!r}: file {str(path)!r} not found; check the path")
-        mod_name = f"_dynres_policy_file_{abs(hash(str(path.resolve())))}"
-        module = sys.modules.get(mod_name)
-        if module is None:
-            loader_spec = importlib.util.spec_from_file_location(mod_name, path)
-            if loader_spec is None or loader_spec.loader is None:
-                raise PolicyImportError(f"policy {spec!r}: cannot import {str(path)!r} as a module")
-            module = importlib.util.module_from_spec(loader_spec)
-            sys.modules[mod_name] = module
-            try:
-                loader_spec.loader.exec_module(module)
-            except Exception as exc:
-                del sys.modules[mod_name]
-                raise PolicyImportError(
-                    f"policy {spec!r}: {str(path)!r} failed to import: {type(exc).__name__}: {exc}"
-                ) from exc
-        return resolve_policy_class(getattr(module, attr, None) or _missing(spec, path, attr))
-    return resolve_policy_class(spec)
-
-
-def _missing(spec: str, path: Path, attr: str) -> Any:
-    raise PolicyImportError(f"policy {spec!r}: {str(path)!r} defines no {attr!r}")
-
-
 def build_policy(scenario: Scenario, policy: str | Policy | type[Policy] | None) -> Policy:
     """The policy to run: ``policy`` if given, else the scenario's, with params from its config."""
     if isinstance(policy, Policy):
         return policy
-    at = scenario.async_training
-    cls = policy if isinstance(policy, type) else resolve_policy_spec(policy or at.dynamic_schedule_policy)
-    return cls(policy_params_from_config(at, cls.Params))
+    return policy_from_config(scenario.async_training, policy)
 
 
 # ---- simulate() ------------------------------------------------------------------------------

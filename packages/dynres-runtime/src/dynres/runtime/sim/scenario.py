@@ -31,6 +31,8 @@ from dynres.core.config import (
     DynresConfig,
     NodesConfig,
     StrictModel,
+    apply_overrides,
+    deep_merge,
     validate_model,
 )
 from dynres.core.errors import ConfigError, ScenarioError
@@ -307,53 +309,6 @@ MAX_EXTENDS_DEPTH = 8
 """Longest chain of ``extends`` allowed (count); deeper chains are almost surely cycles."""
 
 
-def deep_merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
-    """Return ``base`` with ``override`` merged in: mappings merge key by key, other values replace."""
-    out = dict(base)
-    for key, value in override.items():
-        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
-            out[key] = deep_merge(out[key], value)
-        else:
-            out[key] = value
-    return out
-
-
-def set_dotted(data: dict[str, Any], dotted_key: str, value: Any) -> None:
-    """Set ``a.b.c = value`` in a nested dict, creating mappings on the way (for ``--set``)."""
-    parts = dotted_key.split(".")
-    if not dotted_key or any(not p for p in parts):
-        raise ScenarioError(
-            f"--set {dotted_key!r}: a key is dot-separated names like workload.decode.peak_tokens_per_s"
-        )
-    node = data
-    for i, part in enumerate(parts[:-1]):
-        child = node.get(part)
-        if child is None:
-            child = node[part] = {}
-        elif not isinstance(child, dict):
-            where = ".".join(parts[: i + 1])
-            raise ScenarioError(
-                f"--set {dotted_key}: {where!r} is a value ({child!r}), not a section; set {where}=... instead"
-            )
-        node = child
-    node[parts[-1]] = value
-
-
-def parse_set_option(item: str) -> tuple[str, Any]:
-    """Split ``key=value`` and YAML-parse the value (``3`` -> int, ``true`` -> bool, ``[1,2]`` -> list)."""
-    import yaml
-
-    key, sep, raw = item.partition("=")
-    key = key.strip()
-    if not sep or not key:
-        raise ScenarioError(f"--set {item!r}: expected key=value, e.g. async_training.staleness_threshold=0.3")
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else None
-    except yaml.YAMLError:
-        value = raw  # not valid YAML: keep the text as a string
-    return key, value
-
-
 def resolve_raw(
     source: str | Path | Mapping[str, Any], *, _depth: int = 0, _label: str | None = None
 ) -> tuple[dict[str, Any], str]:
@@ -423,10 +378,9 @@ def load_scenario(
         raw, label = source.model_dump(), source.name
     else:
         raw, label = resolve_raw(source)
-    for key, value in (overrides or {}).items():
-        set_dotted(raw, key, value)
-    raw.setdefault("name", label)
     try:
+        raw = apply_overrides(raw, overrides)
+        raw.setdefault("name", label)
         return validate_model(Scenario, raw, f"scenario {label!r}")
     except ConfigError as exc:
         raise ScenarioError(str(exc)) from None

@@ -43,8 +43,6 @@ request fraction.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import Any, overload
 
 import numpy as np
 
@@ -173,50 +171,3 @@ def train_step_seconds(batch_tokens: float, reference_tokens: float, cfg: TrainC
     size = (1.0 - cfg.token_fraction) + cfg.token_fraction * (batch_tokens / reference_tokens)
     offload = cfg.optimizer_offload_slowdown if gpus < cfg.optimizer_offload_below_gpus else 1.0
     return cfg.step_s * size * (cfg.reference_gpus / gpus) ** cfg.scaling_exponent * offload
-
-
-def split_phases(total_s: float, cfg: TrainConfig) -> dict[str, float]:
-    """Split a step's compute time over trainer phases by ``phase_fractions`` (seconds each)."""
-    return {phase: total_s * frac for phase, frac in cfg.phase_fractions.items()}
-
-
-# ---- Cheap sequences -------------------------------------------------------------------------
-
-
-class Repeat(Sequence[float]):
-    """An immutable sequence of ``length`` copies of ``value`` in O(1) memory (log-probs in sim)."""
-
-    __slots__ = ("_len", "_value")
-
-    def __init__(self, length: int, value: float = 0.0) -> None:
-        """``length`` items, each ``value``."""
-        self._len = max(0, int(length))
-        self._value = value
-
-    def __len__(self) -> int:
-        """Number of items."""
-        return self._len
-
-    @overload
-    def __getitem__(self, i: int) -> float: ...
-    @overload
-    def __getitem__(self, i: slice) -> Repeat: ...
-    def __getitem__(self, i: Any) -> Any:
-        """Item ``i`` (always ``value``) or a shorter Repeat for a slice."""
-        if isinstance(i, slice):
-            return Repeat(len(range(*i.indices(self._len))), self._value)
-        if not -self._len <= i < self._len:
-            raise IndexError("Repeat index out of range")
-        return self._value
-
-    def __eq__(self, other: object) -> bool:
-        """Equal to another sequence with the same items."""
-        if isinstance(other, Repeat):
-            return self._len == other._len and (self._len == 0 or self._value == other._value)
-        if isinstance(other, Sequence):
-            return len(other) == self._len and all(v == self._value for v in other)
-        return NotImplemented
-
-    def __repr__(self) -> str:
-        """Repeat(length, value)."""
-        return f"Repeat({self._len}, {self._value!r})"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 from types import ModuleType
+from typing import Any
 
 from dynres.core.errors import MissingExtraError
 
@@ -19,7 +20,7 @@ def require_ray() -> ModuleType:
 
 
 @functools.cache
-def remote_class(cls: type) -> object:
+def remote_class(cls: type) -> Any:
     """``ray.remote(cls)``, done once per class (the classes stay importable without Ray)."""
     return require_ray().remote(cls)
 
@@ -47,6 +48,6 @@ def use_loopback() -> None:
     import sys
 
     os.environ[LOOPBACK_ENV] = "0"
-    constants = sys.modules.get("ray._private.ray_constants")
+    constants: Any = sys.modules.get("ray._private.ray_constants")  # Ray's own module: untyped here
     if constants is not None:
         constants.ENABLE_RAY_CLUSTER = False

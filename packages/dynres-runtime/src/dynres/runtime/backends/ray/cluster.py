@@ -107,7 +107,7 @@ class RaySystem:
     hybrid: list[RayReplica] = field(default_factory=list)
     """Hybrid replicas, on the trainer pool's bundles."""
     trainer: RayTrainEngine | None = None
-    """The train engine."""
+    """Proxy of the train engine actor, on the first trainer bundle."""
     placement_groups: list[Any] = field(default_factory=list)
     """Placement groups to remove at shutdown."""
     start_s: float = 0.0

@@ -39,7 +39,7 @@ class Factory:
     target: str | Callable[..., Any]
     """``"module:attr"`` or a callable returning the object (sync or async)."""
     kwargs: Mapping[str, Any] = field(default_factory=dict)
-    """Keyword arguments of the call."""
+    """Keyword arguments of ``target``; :meth:`build`'s identity arguments win over them."""
 
     async def build(self, **identity: Any) -> Any:
         """Call ``target(**identity, **kwargs)``, awaiting an awaitable result; errors name the target.

@@ -1,0 +1,153 @@
+"""The ``dynres run`` file: :class:`RunConfig` and its sections, loaded and validated.
+
+The file is a :class:`~dynres.core.config.DynresConfig` (verl's ``async_training``,
+``actor_rollout_ref``, ``rollout`` and ``trainer`` sections, unchanged) plus five sections of
+its own::
+
+    run:      {steps: 12, seed: 0}                       # sync cycles to train
+    cluster:  {address: null, slot: {CPU: 0.25}}         # Ray: local or an existing cluster
+    engines:  {runtime: ray, rollout: vllm, trainer: torch, rollout_options: {...}}
+    model:    {path: null, tiny: {hidden_size: 64}}      # null path: a random tiny Qwen2
+    task:     {num_prompts: 64, prompt_length: 8, max_tokens: 16}
+
+Every section is strict (``extra="forbid"``): a typo is one error line naming the key and the
+nearest valid one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import Field, create_model, model_validator
+
+from dynres.core.config import DynresConfig, StrictModel, apply_overrides, read_yaml, validate_model
+from dynres.core.errors import ConfigError
+from dynres.runtime.backends.ray.cluster import RayClusterConfig
+
+
+class RunSection(StrictModel):
+    """The ``run`` section: how long to train and the run-level knobs."""
+
+    steps: int = Field(..., ge=1, description="Sync cycles (weight syncs) to train (count).")
+    seed: int = Field(0, description="Seed of prompts, the tiny model, engines and routing.")
+    op_timeout_s: float = Field(600.0, gt=0, description="Longest one engine operation may take (seconds).")
+    policy_timeout_s: float = Field(10.0, gt=0, description="Longest one policy decision may take (seconds).")
+    sleep_level: int = Field(1, ge=1, le=2, description="Replica.sleep level on deactivation (1 keeps weights in CPU).")
+
+
+class EnginesSection(StrictModel):
+    """The ``engines`` section: where engines run and which ones."""
+
+    runtime: Literal["ray", "local"] = Field(
+        "ray", description="'ray': every engine in its own Ray actor; 'local': all in this process."
+    )
+    rollout: Literal["vllm", "fake"] = Field("fake", description="Inference engine of every replica.")
+    trainer: Literal["torch", "fake"] = Field("fake", description="Train engine.")
+    rollout_options: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments of every replica (VllmReplicaConfig / FakeReplica)."
+    )
+    hybrid_options: dict[str, Any] = Field(
+        default_factory=dict, description="Overrides of rollout_options for hybrid replicas only."
+    )
+    trainer_options: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the train engine.")
+
+
+def _tiny_spec_model() -> type[StrictModel]:
+    """A strict pydantic model of TinyModelSpec's fields (so `model.tiny` typos are caught)."""
+    from dynres.runtime.realrun.tiny_task import TinyModelSpec
+
+    hints = typing.get_type_hints(TinyModelSpec)
+    fields = {f.name: (hints[f.name], f.default) for f in dataclasses.fields(TinyModelSpec)}
+    model = create_model("TinyModelSection", __base__=StrictModel, **fields)  # type: ignore[call-overload]  # fields from a dict
+    return model
+
+
+if TYPE_CHECKING:
+    # Fields made at run time are invisible to mypy; to it the section is a plain StrictModel.
+    TinyModelSection = StrictModel
+else:
+    TinyModelSection = _tiny_spec_model()
+    """The ``model.tiny`` section: TinyModelSpec's fields (vocab_size, hidden_size, ...), strict."""
+
+
+class ModelSection(StrictModel):
+    """The ``model`` section: a checkpoint directory, or a random tiny Qwen2 built at run time."""
+
+    path: str | None = Field(
+        None, description="HF-layout model directory visible on every node; null builds a tiny random Qwen2."
+    )
+    tiny: TinyModelSection = Field(
+        default_factory=TinyModelSection, description="Shape of the random model (TinyModelSpec fields)."
+    )
+    dtype: Literal["float32", "bfloat16"] = Field("float32", description="dtype of the tiny model.")
+
+
+class TaskSection(StrictModel):
+    """The ``task`` section: the toy verifiable task (rule token + parity reward)."""
+
+    num_prompts: int = Field(64, ge=1, description="Distinct prompts, cycled over (count).")
+    prompt_length: int = Field(8, ge=2, description="Tokens per prompt, rule token included (count).")
+    max_tokens: int = Field(16, ge=1, description="Tokens per response at most (count).")
+    temperature: float = Field(1.0, ge=0.0, description="Sampling temperature (0 = greedy).")
+
+
+class RunConfig(DynresConfig):
+    """A ``dynres run`` file: the DynresConfig sections plus run, cluster, engines, model, task."""
+
+    run: RunSection = Field(..., description="How long to train.")
+    cluster: RayClusterConfig = Field(default_factory=RayClusterConfig, description="Where Ray runs.")
+    engines: EnginesSection = Field(default_factory=EnginesSection, description="Which engines, where.")
+    model: ModelSection = Field(default_factory=ModelSection, description="The model.")
+    task: TaskSection = Field(default_factory=TaskSection, description="The toy task.")
+
+    @model_validator(mode="after")
+    def _run_checks(self) -> RunConfig:
+        if self.model.tiny.model_fields_set and self.model.path is not None:
+            raise ValueError("model.tiny shapes a random model, but model.path names a checkpoint; drop one")
+        spec = self.tiny_spec()
+        if self.model.path is None and self.task.prompt_length + self.task.max_tokens > spec.max_position_embeddings:
+            raise ValueError(
+                f"task.prompt_length + task.max_tokens = {self.task.prompt_length + self.task.max_tokens} "
+                f"exceeds the tiny model's max_position_embeddings={spec.max_position_embeddings}; "
+                "shorten the task or raise model.tiny.max_position_embeddings"
+            )
+        return self
+
+    def tiny_spec(self) -> Any:
+        """The TinyModelSpec of the random model (defaults + ``model.tiny``)."""
+        from dynres.runtime.realrun.tiny_task import TinyModelSpec
+
+        return TinyModelSpec(**self.model.tiny.model_dump())
+
+    def dynres_config(self) -> DynresConfig:
+        """The plain DynresConfig part (what the runtime reads)."""
+        return DynresConfig.model_validate(self.model_dump(include=set(DynresConfig.model_fields)))
+
+    @property
+    def needs_model(self) -> bool:
+        """True when an engine loads real weights (vLLM or torch)."""
+        return self.engines.rollout == "vllm" or self.engines.trainer == "torch"
+
+
+def load_run_config(source: str | Path | Mapping[str, Any], overrides: Mapping[str, Any] | None = None) -> RunConfig:
+    """Load and validate a run file (or mapping); ``overrides`` are dotted keys, e.g. {"run.steps": 2}."""
+    data = source if isinstance(source, Mapping) else read_yaml(source)
+    name = "config" if isinstance(source, Mapping) else str(source)
+    if data is not None and not isinstance(data, Mapping):
+        raise ConfigError(f"{name}: expected a mapping of sections at the top level, got {type(data).__name__}")
+    try:
+        data = apply_overrides(data or {}, overrides)
+    except ConfigError as exc:
+        raise ConfigError(f"{name}: {exc}") from None
+    return validate_model(RunConfig, data, name)
+
+
+def load_run_policy(cfg: RunConfig) -> Any:
+    """Build the configured policy with its params (validates name and params before a run starts)."""
+    from dynres.core.loading import policy_from_config
+
+    return policy_from_config(cfg.async_training)

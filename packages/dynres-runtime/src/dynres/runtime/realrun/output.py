@@ -1,0 +1,84 @@
+"""Files of a ``dynres run``: the per-cycle JSONL stream, report.json, backend.json, plots, summary lines."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from dynres.runtime.realrun.engines import CYCLE_MEAN_PREFIX
+
+METRICS_FILE = "metrics.jsonl"
+"""One JSON record per sync cycle (``dynamic_resource/*`` keys, train metrics, counters)."""
+REPORT_FILE = "report.json"
+"""The RunReport (same payload as ``dynres run --json``)."""
+BACKEND_FILE = "backend.json"
+"""Where things ran: nodes, engine start times, event-loop lag of every actor, lost replicas."""
+PLOTS_DIR = "plots"
+"""Subdirectory of the output directory that holds the plots."""
+
+
+def reward_key(record: Mapping[str, Any]) -> str | None:
+    """The key of the per-cycle mean reward in a JSONL record, if the trainer reports one."""
+    for k in (f"{CYCLE_MEAN_PREFIX}reward/mean", f"{CYCLE_MEAN_PREFIX}reward", "reward/mean", "train/reward"):
+        if k in record:
+            return k
+    return None
+
+
+def operations_lines(report: Any) -> list[str]:
+    """Human summary: dynres's own overhead next to each engine operation's time (seconds)."""
+    ops = report.operations
+    lines = [
+        (
+            f"controller overhead {ops.controller_overhead_s:.3f} s over {ops.activations} activations, "
+            f"{ops.deactivations} deactivations, {ops.rebalances} rebalances; policy decisions "
+            f"{ops.policy_wall_s * 1000:.1f} ms wall"
+        ),
+    ]
+    for name in sorted(ops.engine):
+        st = ops.engine[name]
+        lines.append(
+            f"  engine {name:<15} {st.count:>5} calls  total {st.total_s:8.3f} s  max {st.max_s:7.3f} s"
+            + (f"  failures {st.failures}" if st.failures else "")
+        )
+    return lines
+
+
+class MetricsSink:
+    """Writes one JSONL record per cycle as cycles finish, and forwards each to the display."""
+
+    def __init__(self, path: Path, on_cycle: Callable[[Any, dict[str, Any]], None] | None) -> None:
+        """Open ``path`` for writing; ``on_cycle(cycle, record)`` is called after each record."""
+        self.path = path
+        self.count = 0
+        self._fh = path.open("w", encoding="utf-8")
+        self._on_cycle = on_cycle
+
+    def __call__(self, cycle: Any) -> None:
+        """Write ``cycle``'s record, flushed, and pass it on."""
+        rec = cycle.to_record()
+        self._fh.write(json.dumps(rec) + "\n")
+        self._fh.flush()  # an interrupted run keeps every finished cycle
+        self.count += 1
+        if self._on_cycle is not None:
+            self._on_cycle(cycle, rec)
+
+    def close(self) -> None:
+        """Close the file (every record written so far stays)."""
+        self._fh.close()
+
+
+def write_backend(out_dir: Path, backend: Mapping[str, Any]) -> None:
+    """Write ``backend.json`` (also after a failed or interrupted run)."""
+    (out_dir / BACKEND_FILE).write_text(json.dumps(dict(backend), indent=2, default=str))
+
+
+def write_report(out_dir: Path, report: Any, *, plots: bool) -> None:
+    """Write ``report.json`` and, when ``plots``, the plots of ``report`` under ``plots/``."""
+    (out_dir / REPORT_FILE).write_text(report.to_json(indent=2))
+    if plots:
+        from dynres.runtime.plots import write_plots
+
+        write_plots(report, out_dir / PLOTS_DIR, title=f"dynres run ({report.policy})")
