@@ -157,19 +157,19 @@ class ScheduleContext(BaseModel):
             raise ValueError("is_hybrid_active is True but the cluster has no hybrid replicas")
         return self
 
-    @computed_field  # type: ignore[prop-decorator]
+    @computed_field  # type: ignore[prop-decorator]  # mypy rejects a decorator over @property; pydantic documents this form
     @property
     def step_required_samples(self) -> int:
         """Samples the trainer consumes per sync cycle (required_samples x trigger, count)."""
         return step_required_samples(self.required_samples, self.trigger_parameter_sync_step)
 
-    @computed_field  # type: ignore[prop-decorator]
+    @computed_field  # type: ignore[prop-decorator]  # mypy rejects a decorator over @property; pydantic documents this form
     @property
     def buffer_samples(self) -> int:
         """Extra samples production may run ahead per cycle (see :func:`buffer_samples`, count)."""
         return buffer_samples(self.step_required_samples, self.staleness_threshold)
 
-    @computed_field  # type: ignore[prop-decorator]
+    @computed_field  # type: ignore[prop-decorator]  # mypy rejects a decorator over @property; pydantic documents this form
     @property
     def only_hybrid(self) -> bool:
         """True when the cluster has no standalone replicas (colocated mode)."""

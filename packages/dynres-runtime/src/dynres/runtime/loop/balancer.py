@@ -97,7 +97,7 @@ class LoadBalancer:
         self.retry_batch = max(1, retry_batch)
         """Most retries routed per event-loop iteration (count)."""
         self.counters = BalancerCounters()
-        """Request counters."""
+        """Requests aborted, resumed, restarted, evicted and duplicated so far (counts, for the report)."""
         self._on_change = on_change
         self._on_replica_failure = on_replica_failure
         self._rng = random.Random(seed)

@@ -131,7 +131,7 @@ class DecisionGuard:
         :param now: run clock (seconds since run start) for the records.
         """
         self.policy = policy
-        """The guarded policy."""
+        """The policy whose decisions are called, checked and clamped here."""
         self.timeout_s = timeout_s
         """Longest a decision may take (seconds)."""
         self.fallbacks = 0

@@ -73,7 +73,7 @@ class RunSpec:
     hybrid: Sequence[Replica]
     """Hybrid replicas on the trainer's GPUs (start asleep); empty without dynamic scheduling."""
     train_engine: TrainEngine
-    """The trainer."""
+    """Trains on each collection and exports the weights at each sync (the caller shuts it down)."""
     prompts: PromptSource
     """Iterable or async iterable of PromptGroup (one per sample; ids unique)."""
     num_cycles: int
