@@ -138,7 +138,8 @@ class TrainerLoop:
         standalone_gpus: int,
     ) -> None:
         """Drive ``wiring``'s components; the flags come from async_training, the GPUs are the metric's a and b."""
-        self.w = wiring
+        self.wiring = wiring
+        """The run's components this loop drives (engine, replicas, controller, guard, queue, ...)."""
         self.enable_rebalance = enable_rebalance
         """Ask should_rebalance after each activation (dynamic_schedule_enable_rebalance)."""
         self.partial_rollout = partial_rollout
@@ -156,12 +157,12 @@ class TrainerLoop:
 
     def _no_producer(self) -> bool:
         """True when nothing can generate until the trainer itself acts."""
-        w = self.w
+        w = self.wiring
         return w.rollouter.finished() or (w.balancer.num_replicas == 0 and not w.controller.is_hybrid_active)
 
     async def _wait_batch(self) -> list[Any]:
         """Wait for one collection, activating hybrid replicas if nothing else could produce it."""
-        w = self.w
+        w = self.wiring
         required = w.tracker.required_samples
         while True:
             batch = await w.queue.get_batch(required, w.tracker.global_steps, exhausted=self._no_producer)
@@ -186,7 +187,7 @@ class TrainerLoop:
 
     async def _deactivate(self, c: _Cycle) -> None:
         """Step 1: if hybrid replicas are active and the policy says so, wait, then deactivate."""
-        w = self.w
+        w = self.wiring
         if not w.controller.is_hybrid_active:
             return
         ctx = w.tracker.context()
@@ -209,7 +210,7 @@ class TrainerLoop:
 
     async def _collect(self, c: _Cycle) -> None:
         """Step 2: trigger_parameter_sync_step collections, one train_step each."""
-        w = self.w
+        w = self.wiring
         required = w.tracker.required_samples
         for i in range(w.tracker.trigger_parameter_sync_step):
             started = c.start_s if i == 0 else w.now()
@@ -245,7 +246,7 @@ class TrainerLoop:
     async def _sync(self, *, new_version: bool = True) -> WeightUpdate:
         """Step 3: export weights (a new version unless startup) and load them into the routable
         standalone replicas; reset the staleness budget."""
-        w = self.w
+        w = self.wiring
         if new_version:
             self.version += 1
         exported = await w.ops.one("export_weights", "trainer", w.train_engine.export_weights)
@@ -264,7 +265,7 @@ class TrainerLoop:
 
     def _end_cycle(self, c: _Cycle) -> tuple[list[Any], float]:
         """Close the rollout window and count the cycle in global_steps; return the window."""
-        w = self.w
+        w = self.wiring
         window = w.rollouter.take_window()
         w.tracker.end_cycle(
             CycleMeasurements(
@@ -281,7 +282,7 @@ class TrainerLoop:
 
     async def _decide(self, update: WeightUpdate, decisions: list[DecisionRecord]) -> tuple[bool, bool, int]:
         """Steps 4-5: activation, rebalance, policy update; return (activated, rebalanced, moved)."""
-        w = self.w
+        w = self.wiring
         ctx = w.tracker.context()
         rec = await w.guard.decide("should_activate_after_step", ctx)
         decisions.append(rec)
@@ -300,7 +301,7 @@ class TrainerLoop:
 
     def _report(self, c: _Cycle, window: tuple[list[Any], float], decided_s: float) -> CycleReport:
         """Step 6: the cycle's metrics and report; emit ``dynres_metrics_emitted``."""
-        w = self.w
+        w = self.wiring
         last = len(c.collections) - 1
         micro = []
         for n, k in enumerate(c.collections):
@@ -363,7 +364,7 @@ class TrainerLoop:
 
     async def cycle(self) -> CycleReport:
         """Run one sync cycle and return its report (raises StopRun when samples run out)."""
-        w = self.w
+        w = self.wiring
         c = _Cycle(
             start_s=w.now(),
             hybrid_at_start=w.controller.is_hybrid_active,
