@@ -238,3 +238,34 @@ def test_failures_pickle_with_their_parts():
         "went wrong",
         "check_x[my_policy]: went wrong",
     )
+
+
+def test_numpy_answers_pass_the_type_check_as_in_the_runtime():
+    # One rule with the runtime (dynres.core.answers): numpy bool/integer scalars count as
+    # bool/int, so a policy the runtime accepts without fallback is not failed here.
+    np = pytest.importorskip("numpy")
+
+    class NumpyAnswers(DefaultPolicy):
+        name = "numpy_answers"
+
+        def should_deactivate(self, ctx):
+            return np.bool_(super().should_deactivate(ctx))
+
+        def deactivate_wait_samples(self, ctx):
+            return np.int64(super().deactivate_wait_samples(ctx))
+
+    checks.check_decision_types(NumpyAnswers, max_examples=5)
+    checks.check_wait_bounds(NumpyAnswers, max_examples=5)
+
+
+def test_a_numpy_float_wait_still_fails_the_type_check():
+    np = pytest.importorskip("numpy")
+
+    class FloatWait(DefaultPolicy):
+        name = "float_wait"
+
+        def deactivate_wait_samples(self, ctx):
+            return np.float64(super().deactivate_wait_samples(ctx))
+
+    with pytest.raises(PolicyCheckFailure, match="deactivate_wait_samples returned .* expected int"):
+        checks.check_decision_types(FloatWait, max_examples=5)

@@ -29,6 +29,20 @@ COMPUTED_FIELDS: tuple[str, ...] = ("step_required_samples", "buffer_samples", "
 """Fields derived from the others; accepted on input only when they agree with the derivation."""
 
 
+def step_required_samples(required_samples: int, trigger_parameter_sync_step: int) -> int:
+    """Samples the trainer consumes per sync cycle: required_samples x trigger (count)."""
+    return required_samples * trigger_parameter_sync_step
+
+
+def buffer_samples(step_required: int, staleness_threshold: float) -> int:
+    """Extra samples production may run ahead per cycle: int(step_required x staleness) (count).
+
+    The reference documents this as ``expected_samples x staleness`` but computes it from the
+    cycle's samples; dynres defines and documents it as the latter.
+    """
+    return int(step_required * staleness_threshold)
+
+
 class ScheduleContext(BaseModel):
     """Immutable snapshot of the training run handed to each policy decision (units in fields)."""
 
@@ -143,23 +157,19 @@ class ScheduleContext(BaseModel):
             raise ValueError("is_hybrid_active is True but the cluster has no hybrid replicas")
         return self
 
-    @computed_field  # type: ignore[prop-decorator]
+    @computed_field  # type: ignore[prop-decorator]  # mypy rejects a decorator over @property; pydantic documents this form
     @property
     def step_required_samples(self) -> int:
         """Samples the trainer consumes per sync cycle (required_samples x trigger, count)."""
-        return self.required_samples * self.trigger_parameter_sync_step
+        return step_required_samples(self.required_samples, self.trigger_parameter_sync_step)
 
-    @computed_field  # type: ignore[prop-decorator]
+    @computed_field  # type: ignore[prop-decorator]  # mypy rejects a decorator over @property; pydantic documents this form
     @property
     def buffer_samples(self) -> int:
-        """Extra samples production may run ahead per cycle (step_required x staleness, count).
+        """Extra samples production may run ahead per cycle (see :func:`buffer_samples`, count)."""
+        return buffer_samples(self.step_required_samples, self.staleness_threshold)
 
-        The reference documents this as ``expected_samples x staleness`` but computes it from
-        the cycle's samples; dynres defines and documents it as the latter.
-        """
-        return int(self.step_required_samples * self.staleness_threshold)
-
-    @computed_field  # type: ignore[prop-decorator]
+    @computed_field  # type: ignore[prop-decorator]  # mypy rejects a decorator over @property; pydantic documents this form
     @property
     def only_hybrid(self) -> bool:
         """True when the cluster has no standalone replicas (colocated mode)."""

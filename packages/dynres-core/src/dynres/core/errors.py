@@ -43,10 +43,6 @@ class PolicyParamsError(PolicyError, ValueError):
     """A policy's params do not validate against its ``Params`` model."""
 
 
-class PolicyDecisionError(PolicyError):
-    """A policy raised, timed out or returned a value of the wrong type during a decision."""
-
-
 class PluginError(DynresError):
     """A plugin from the ``dynres.plugins`` group failed to load or validate."""
 

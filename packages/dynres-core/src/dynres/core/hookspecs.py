@@ -18,6 +18,11 @@ plugin can override a decision by returning a non-``None`` value, or wrap it wit
 ``@hookimpl(wrapper=True)`` to observe or change the policy's answer. A policy author who subclasses
 ``Policy`` writes plain methods and never touches these hooks.
 
+Whatever the hooks return (the policy's answer or a plugin's override) is checked before the
+runtime acts on it: against the table of valid answers, :data:`dynres.core.answers.ANSWERS`
+(type and range, numpy scalars normalised), then through the safety clamps and fallbacks of
+``dynres.runtime.loop.decisions`` (the runtime's decision guard, not the controller).
+
 **Observer hooks** (all implementations are called, results ignored): a decision was made, the
 controller changed state, metrics were emitted. Use them for exporters and logging.
 
@@ -67,9 +72,11 @@ def dynres_should_deactivate(ctx: ScheduleContext) -> bool | None:
 def dynres_deactivate_wait_samples(ctx: ScheduleContext) -> int | None:
     """Return how many queued samples to wait for before deactivating the hybrid replicas.
 
-    Called only when :func:`dynres_should_deactivate` returned ``True``. The controller waits
-    until the message queue holds at least this many samples (capped at one collection's need
-    when no more can arrive), then deactivates. ``0`` deactivates at once.
+    Called only when :func:`dynres_should_deactivate` returned ``True``. The trainer loop waits
+    until the message queue holds at least this many samples (or all the run still needs), then
+    the controller deactivates. ``0`` deactivates at once. The runtime's decision guard
+    (``dynres.runtime.loop.decisions``) clamps the answer to ``[0, step_required_samples +
+    buffer_samples]``, and to at least ``step_required_samples`` in an only-hybrid cluster.
 
     :param ctx: the current :class:`~dynres.core.context.ScheduleContext`.
     :return: a sample count ``>= 0``, or ``None`` to defer to the next implementation.
@@ -119,14 +126,14 @@ def dynres_update_after_step(ctx: ScheduleContext) -> None:
 
 @hookspec
 def dynres_decision_made(decision: str, value: Any, ctx: ScheduleContext, policy_name: str, fallback: bool) -> None:
-    """Observe one decision after the controller validated it.
+    """Observe one decision after the runtime checked and clamped it (``dynres.runtime.loop.decisions``).
 
     :param decision: the policy method's name, e.g. ``"should_deactivate"``.
-    :param value: the value the controller acts on.
+    :param value: the value the runtime acts on (after fallback and clamps).
     :param ctx: the context the decision was made with.
     :param policy_name: the active policy's ``name``.
     :param fallback: ``True`` when the policy raised, hung or returned a wrong type and the
-        controller used the safe value instead.
+        runtime used the safe value instead.
     """
 
 

@@ -148,9 +148,10 @@ class _PolicyHookImpls:
 class BoundPolicy:
     """A policy plugged into a plugin manager: decisions go through the ``dynres_*`` hooks.
 
-    The controller calls these methods; plugins registered on the same manager may override or
-    wrap each decision. Values are returned as the hooks produce them; the controller checks
-    their types and falls back to safe values.
+    The runtime calls these methods; plugins registered on the same manager may override or
+    wrap each decision. Values are returned as the hooks produce them; the runtime checks them
+    against :data:`dynres.core.answers.ANSWERS` and falls back to safe values
+    (``dynres.runtime.loop.decisions``).
     """
 
     def __init__(self, policy: Policy, pm: pluggy.PluginManager | None = None) -> None:

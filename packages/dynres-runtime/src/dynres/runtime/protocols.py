@@ -65,7 +65,7 @@ class GenerationResult:
     """What a replica returns for a request; ``finish_reason == "abort"`` means resumable."""
 
     request_id: str
-    """The request's id."""
+    """Id of the GenerationRequest this answers (unique within a run)."""
     token_ids: Sequence[int]
     """All generated tokens, the request's partial output included."""
     logprobs: Sequence[float]
@@ -136,7 +136,7 @@ class Replica(Protocol):
     replica_id: str
     """Unique id, used by the balancer and in logs."""
     kind: ReplicaKind
-    """Standalone or hybrid."""
+    """Standalone (own GPUs, always generating) or hybrid (shares the trainer's GPUs)."""
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         """Generate until stop/limit, or return early with ``finish_reason="abort"`` when aborted."""

@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from dynres.core.answers import ANSWERS, check_answer
 from dynres.core.context import ScheduleContext
 from dynres.core.errors import (
     ConfigError,
@@ -380,24 +381,6 @@ def check_params_reject_unknown_keys(policy: PolicySpec) -> None:
     )
 
 
-_EXPECTED_TYPES = {
-    "should_deactivate": "bool",
-    "deactivate_wait_samples": "int",
-    "should_activate_after_step": "bool",
-    "should_rebalance": "bool",
-    "update_after_step": "None",
-}
-
-
-def _type_ok(method: str, value: Any) -> bool:
-    kind = _EXPECTED_TYPES[method]
-    if kind == "bool":
-        return type(value) is bool
-    if kind == "int":
-        return isinstance(value, int) and not isinstance(value, bool)
-    return value is None
-
-
 def check_decision_types(policy: PolicySpec, *, max_examples: int = EXAMPLES) -> None:
     """Over generated runs, every method answers without raising and with its documented type."""
     name = "check_decision_types"
@@ -408,14 +391,13 @@ def check_decision_types(policy: PolicySpec, *, max_examples: int = EXAMPLES) ->
         for ctx in contexts:
             for method in POLICY_METHODS:
                 value = _call(subject, name, pol, method, ctx)
-                if not _type_ok(method, value):
-                    hint = {"bool": "wrap it in bool(...)", "int": "wrap it in int(...)", "None": "return None"}[
-                        _EXPECTED_TYPES[method]
-                    ]
+                # The runtime's own checker: what it accepts (numpy scalars included) passes here.
+                if not check_answer(method, value).type_ok:
+                    spec = ANSWERS[method]
                     raise subject.fail(
                         name,
                         f"{method} returned {value!r} of type {type(value).__name__}; "
-                        f"expected {_EXPECTED_TYPES[method]} ({hint}). Context: {_show(ctx)}",
+                        f"expected {spec.kind} ({spec.hint}). Context: {_show(ctx)}",
                     )
 
     _for_all(_sequences(), body, max_examples=max_examples)
@@ -429,9 +411,11 @@ def check_wait_bounds(policy: PolicySpec, *, max_examples: int = EXAMPLES) -> No
     def body(contexts: list[ScheduleContext]) -> None:
         pol = subject.fresh(name)
         for ctx in contexts:
-            wait = _call(subject, name, pol, "deactivate_wait_samples", ctx)
-            # A wrong type is check_decision_types' finding; a number is still bounds-checked.
-            if isinstance(wait, (int, float)) and not isinstance(wait, bool):
+            raw = _call(subject, name, pol, "deactivate_wait_samples", ctx)
+            checked = check_answer("deactivate_wait_samples", raw)
+            # A wrong type is check_decision_types' finding; a float is still bounds-checked.
+            wait = checked.value
+            if checked.type_ok or isinstance(raw, float):
                 limit = ctx.step_required_samples + ctx.buffer_samples
                 if not (0 <= wait <= limit):
                     why = (

@@ -21,7 +21,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from dynres.core.context import ScheduleContext
+from dynres.core.context import ScheduleContext, buffer_samples, step_required_samples
 
 __all__ = [
     "context_sequences",
@@ -81,8 +81,8 @@ def _cycle_state(
     """Draw the per-cycle numbers for ``cluster`` at ``global_steps`` and build the context."""
     required = cluster["required_samples"]
     trigger = cluster["trigger_parameter_sync_step"]
-    step_required = required * trigger
-    buffer = int(step_required * cluster["staleness_threshold"])
+    step_required = step_required_samples(required, trigger)
+    buffer = buffer_samples(step_required, cluster["staleness_threshold"])
     standalone, hybrid = cluster["num_standalone_replicas"], cluster["num_hybrid_replicas"]
     expected = step_required * global_steps
 
@@ -219,7 +219,7 @@ def sample_context(**overrides: Any) -> ScheduleContext:
         "last_cycle_time_s": 420.0,
     }
     values.update(overrides)
-    step_required = values["required_samples"] * values["trigger_parameter_sync_step"]
+    step_required = step_required_samples(values["required_samples"], values["trigger_parameter_sync_step"])
     values.setdefault("expected_samples", step_required * values["global_steps"])
     values.setdefault("total_generated_samples", values["expected_samples"] + values["queue_size"])
     hybrid_on = values["is_hybrid_active"]

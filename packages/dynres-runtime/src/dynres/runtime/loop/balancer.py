@@ -23,7 +23,7 @@ import asyncio
 import logging
 import random
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from dynres.core.errors import BackendError, ReplicaUnavailableError, RuntimeStateError
@@ -97,7 +97,7 @@ class LoadBalancer:
         self.retry_batch = max(1, retry_batch)
         """Most retries routed per event-loop iteration (count)."""
         self.counters = BalancerCounters()
-        """Request counters."""
+        """Requests aborted, resumed, restarted, evicted and duplicated so far (counts, for the report)."""
         self._on_change = on_change
         self._on_replica_failure = on_replica_failure
         self._rng = random.Random(seed)
@@ -453,11 +453,6 @@ class LoadBalancer:
         self._draining = True
         self._event().set()
 
-    @property
-    def draining(self) -> bool:
-        """True after :meth:`start_draining` (end of run)."""
-        return self._draining
-
     # ---- Internals ------------------------------------------------------------------------
 
     def _event(self) -> asyncio.Event:
@@ -512,16 +507,3 @@ def _parked(req: GenerationRequest, replica_id: str = "") -> GenerationResult:
         finish_reason="abort",
         replica_id=replica_id,
     )
-
-
-async def abort_on_replicas(
-    balancer: LoadBalancer, plan: dict[str, list[str]], timeout_s: float
-) -> dict[str, BaseException]:
-    """Abort the planned requests on each replica concurrently; return replica id -> error."""
-
-    async def one(rid: str, ids: Sequence[str]) -> None:
-        await asyncio.wait_for(balancer.replica(rid).abort(list(ids)), timeout_s)
-
-    rids = [rid for rid in plan if plan[rid] and balancer.has_replica(rid)]
-    results = await asyncio.gather(*(one(rid, plan[rid]) for rid in rids), return_exceptions=True)
-    return {rid: r for rid, r in zip(rids, results, strict=True) if isinstance(r, BaseException)}

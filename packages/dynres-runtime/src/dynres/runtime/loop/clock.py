@@ -24,13 +24,22 @@ def wall() -> float:
 
 
 class RunClock:
-    """Seconds since a run started, on the event loop's clock (all report timestamps use it)."""
+    """Seconds since a run started, on the event loop's clock (all report timestamps use it).
 
-    def __init__(self, start: float | None = None) -> None:
-        """Start counting at ``start`` (loop seconds; default: the loop's time now)."""
-        self.start: float = now() if start is None else start
-        """Loop time at which the run started (seconds)."""
+    Built before the loop runs; it reads 0 until :meth:`begin` is called inside the loop.
+    """
+
+    def __init__(self) -> None:
+        """A clock that has not started yet."""
+        self.start: float | None = None
+        """Loop time at which the run started (seconds); None before :meth:`begin`."""
+
+    def begin(self) -> None:
+        """Start counting now (loop seconds); needs a running event loop."""
+        self.start = now()
 
     def elapsed(self) -> float:
-        """Seconds since the run started (>= 0)."""
+        """Seconds since the run started (>= 0; 0 before :meth:`begin`)."""
+        if self.start is None:
+            return 0.0
         return max(0.0, now() - self.start)

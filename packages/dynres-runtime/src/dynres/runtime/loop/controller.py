@@ -103,17 +103,17 @@ class Controller:
         :param sleep_level: level passed to ``Replica.sleep`` (1 offloads weights to CPU).
         """
         self.balancer = balancer
-        """The load balancer."""
+        """Routing table the hybrid replicas join on activation and leave on deactivation."""
         self.train_engine = train_engine
-        """The trainer engine."""
+        """Trainer whose GPUs the hybrid replicas borrow (offloaded before activation, onloaded after)."""
         self.hybrid: list[Replica] = list(hybrid)
         """All hybrid replicas of the cluster."""
         self.ops = ops
-        """Backend operation runner."""
+        """Runs each replica/trainer operation under the op timeout and records failures."""
         self.sleep_level = sleep_level
-        """Level passed to Replica.sleep."""
+        """Level passed to Replica.sleep on deactivation (1: offload weights to CPU)."""
         self.state = ControllerState.STANDALONE_ONLY
-        """Current state."""
+        """Where the hybrid replicas are in their activate/deactivate cycle."""
         self.timeline: list[StateChange] = []
         """Every transition, in order."""
         self.active: list[Replica] = []

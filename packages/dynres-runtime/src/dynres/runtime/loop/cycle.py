@@ -3,9 +3,8 @@
 One sync cycle, in order (``g`` = global_steps before the cycle):
 
 1. ``should_deactivate(ctx)`` (only asked while hybrid replicas are active). If yes:
-   ``deactivate_wait_samples(ctx)``, clamped to ``[step_required, step_required + buffer]`` in an
-   only-hybrid cluster and to ``[0, step_required + buffer]`` otherwise; wait until the queue
-   holds that many samples (``wait_for_enough_samples``), then deactivate.
+   ``deactivate_wait_samples(ctx)`` (clamped by :mod:`~dynres.runtime.loop.decisions`); wait
+   until the queue holds that many samples (``wait_for_enough_samples``), then deactivate.
 2. ``trigger_parameter_sync_step`` collections. Each waits for ``required_samples`` fresh
    samples (recording the wait time and ``max(0, required - queue size when the wait began)``)
    and runs one ``train_step``. Training needs the trainer's GPUs, so if the hybrid replicas are
@@ -14,27 +13,32 @@ One sync cycle, in order (``g`` = global_steps before the cycle):
    them (pause, update, resume; requests in flight continue with the new weights), the
    rollouter's staleness budget is reset, the rollout window closes; ``global_steps = g + 1``.
 4. ``should_activate_after_step(ctx)``; if yes, activate (the hybrid replicas get the same
-   weights during activation); an only-hybrid cluster always activates (nothing else could
-   generate). After an activation, if ``dynamic_schedule_enable_rebalance`` is on,
+   weights during activation); an only-hybrid cluster always activates (the decisions module
+   clamps the answer: nothing else could generate). After an activation, if ``dynamic_schedule_enable_rebalance`` is on,
    ``should_rebalance(ctx)`` and a rebalance if yes.
 5. ``update_after_step(ctx)`` with the same context as step 4.
 6. The cycle's metrics (:func:`dynres.core.metrics.cycle_metrics`) are emitted through
    ``dynres_metrics_emitted``.
 
-Before the first cycle an initial weight sync publishes version 0 and steps 4-5 run once with
-``global_steps = 0``, so an only-hybrid cluster can start generating.
+Before the first cycle an initial weight sync (the same method, without a new version) publishes
+version 0 (or a checkpoint's) and steps 4-5 run once with ``global_steps = 0``, so an
+only-hybrid cluster can start generating. :meth:`TrainerLoop.cycle` runs the steps as short
+methods in this order: deactivate, collect, sync, decide, report.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import pluggy
 
 from dynres.core.metrics import MicroStep, cycle_metrics, train_compute_time
+from dynres.runtime.loop.balancer import LoadBalancer
 from dynres.runtime.loop.controller import Controller
 from dynres.runtime.loop.decisions import DecisionGuard, DecisionRecord
 from dynres.runtime.loop.ops import OpRunner
@@ -51,280 +55,329 @@ class StopRun(Exception):
     """Internal: the run cannot continue (no more samples); carries the reason."""
 
 
+@dataclass(frozen=True)
+class LoopWiring:
+    """The run's live components the trainer loop drives (built once by run.FullyAsyncRun)."""
+
+    train_engine: TrainEngine
+    """Trains on each collection and exports the weights at each sync."""
+    standalone: Sequence[Replica]
+    """Replicas on dedicated rollout GPUs; each weight sync reaches those still routable."""
+    balancer: LoadBalancer
+    """Routing table: tells which replicas are routable (hence which receive weights)."""
+    controller: Controller
+    """Carries out activation, deactivation, rebalance and weight loading."""
+    guard: DecisionGuard
+    """Asks the policy, with timeout, type check, fallback and clamps."""
+    tracker: RunTracker
+    """Step bookkeeping; builds each decision's ScheduleContext."""
+    queue: MessageQueue
+    """Finished samples waiting for the trainer."""
+    rollouter: Rollouter
+    """Admits samples to the replicas; owns the staleness budget and rollout windows."""
+    ops: OpRunner
+    """Runs and times the trainer's backend calls (export_weights, train_step)."""
+    pm: pluggy.PluginManager
+    """Plugin manager that receives ``dynres_metrics_emitted``."""
+    now: Callable[[], float]
+    """Run clock (seconds since the run started)."""
+
+
+@dataclass
+class _Collection:
+    """What one collection (one train_step) measured."""
+
+    started_s: float
+    """Run-clock time the collection's allocated time starts (the cycle's start for the first)."""
+    wait_s: float
+    """Seconds the trainer waited for its samples."""
+    wait_samples: int
+    """max(0, required - queue size when the wait began) (samples)."""
+    counted_wait_s: float
+    """Wait that counts in the MicroStep: the deactivation wait (first collection) plus any wait
+    during which hybrid replicas generated (seconds)."""
+    phase_times: dict[str, float]
+    """The train step's phase durations (seconds)."""
+    queue_size_after: int
+    """Queue size right after the train step (samples)."""
+    ended_s: float
+    """Run-clock time the train step returned."""
+
+
+@dataclass
+class _Cycle:
+    """One sync cycle's measurements, filled in by the steps in order."""
+
+    start_s: float
+    hybrid_at_start: bool
+    deactivations_before: int
+    dropped_before: int
+    generated_before: int
+    decisions: list[DecisionRecord] = field(default_factory=list)
+    wait_target: int | None = None
+    deactivate_wait_s: float = 0.0
+    deactivate_s: float = 0.0
+    collections: list[_Collection] = field(default_factory=list)
+    train_call_s: float = 0.0
+    train_metrics: dict[str, float] = field(default_factory=dict)
+    activated: bool = False
+    rebalanced: bool = False
+    moved: int = 0
+
+
 class TrainerLoop:
     """Drives sync cycles: policy calls, collections, fit steps, weight syncs, metrics."""
 
     def __init__(
         self,
+        wiring: LoopWiring,
         *,
-        train_engine: TrainEngine,
-        standalone: Sequence[Replica],
-        controller: Controller,
-        guard: DecisionGuard,
-        tracker: RunTracker,
-        queue: MessageQueue,
-        rollouter: Rollouter,
-        ops: OpRunner,
-        pm: pluggy.PluginManager,
         enable_rebalance: bool,
         partial_rollout: bool,
         hybrid_gpus: int,
         standalone_gpus: int,
-        now: Callable[[], float],
     ) -> None:
-        """Wire the loop to the run's components (see run.FullyAsyncRun)."""
-        self.train_engine = train_engine
-        self.standalone = list(standalone)
-        self.controller = controller
-        self.guard = guard
-        self.tracker = tracker
-        self.queue = queue
-        self.rollouter = rollouter
-        self.ops = ops
-        self.pm = pm
+        """Drive ``wiring``'s components; the flags come from async_training, the GPUs are the metric's a and b."""
+        self.wiring = wiring
+        """The run's components this loop drives (engine, replicas, controller, guard, queue, ...)."""
         self.enable_rebalance = enable_rebalance
+        """Ask should_rebalance after each activation (dynamic_schedule_enable_rebalance)."""
         self.partial_rollout = partial_rollout
+        """False: drain running samples before new weights arrive (one version per response)."""
         self.hybrid_gpus = hybrid_gpus
+        """GPUs shared by trainer and hybrid replicas, the metric's a (count)."""
         self.standalone_gpus = standalone_gpus
+        """GPUs of the standalone replicas, the metric's b (count)."""
         self.version = 0
         """Weight version last published (count of syncs)."""
         self.last_update: WeightUpdate | None = None
         """The latest exported weights (hybrid replicas get them when activated)."""
-        self._now = now
 
     # ---- Helpers ----------------------------------------------------------------------------
 
-    @property
-    def only_hybrid(self) -> bool:
-        """True when the cluster has no standalone replica."""
-        return self.tracker.num_standalone_replicas == 0
-
     def _no_producer(self) -> bool:
         """True when nothing can generate until the trainer itself acts."""
-        return self.rollouter.finished() or (
-            self.controller.balancer.num_replicas == 0 and not self.controller.is_hybrid_active
-        )
+        w = self.wiring
+        return w.rollouter.finished() or (w.balancer.num_replicas == 0 and not w.controller.is_hybrid_active)
 
     async def _wait_batch(self) -> list[Any]:
         """Wait for one collection, activating hybrid replicas if nothing else could produce it."""
-        required = self.tracker.required_samples
+        w = self.wiring
+        required = w.tracker.required_samples
         while True:
-            batch = await self.queue.get_batch(required, self.tracker.global_steps, exhausted=self._no_producer)
+            batch = await w.queue.get_batch(required, w.tracker.global_steps, exhausted=self._no_producer)
             if batch is not None:
                 return batch
-            if self.rollouter.finished():
+            if w.rollouter.finished():
                 raise StopRun(
-                    f"the prompt source ran out: {self.queue.size} samples queued, "
+                    f"the prompt source ran out: {w.queue.size} samples queued, "
                     f"{required} needed for the next collection"
                 )
             # No replica is routable and the hybrid replicas are asleep (standalone replicas
             # died, or stale drops emptied an only-hybrid cycle): lend the trainer's GPUs.
-            if not self.controller.usable_hybrid or self.last_update is None:
+            if not w.controller.usable_hybrid or self.last_update is None:
                 raise StopRun(
                     "no replica can generate: every standalone replica failed and no hybrid replica is usable"
                 )
             logger.warning("no replica can generate the next collection; activating hybrid replicas")
-            if not await self.controller.activate(self.last_update):
+            if not await w.controller.activate(self.last_update):
                 raise StopRun("no replica can generate: activating the hybrid replicas failed")
 
-    async def _sync(self) -> WeightUpdate:
-        """Export weights and load them into the routable standalone replicas."""
-        self.version += 1
-        exported = await self.ops.one("export_weights", "trainer", self.train_engine.export_weights)
+    # ---- The steps, in order ----------------------------------------------------------------
+
+    async def _deactivate(self, c: _Cycle) -> None:
+        """Step 1: if hybrid replicas are active and the policy says so, wait, then deactivate."""
+        w = self.wiring
+        if not w.controller.is_hybrid_active:
+            return
+        ctx = w.tracker.context()
+        rec = await w.guard.decide("should_deactivate", ctx)
+        c.decisions.append(rec)
+        if not rec.value:
+            return
+        wrec = await w.guard.decide("deactivate_wait_samples", ctx)
+        c.decisions.append(wrec)
+        target = c.wait_target = int(wrec.value)
+        t0 = w.now()
+        # Near the end of a run the queue may never reach the target: stop waiting once it
+        # holds all the run still needs.
+        await w.queue.wait_until(
+            lambda: w.queue.size >= target or w.rollouter.finished() or w.rollouter.demand_queued()
+        )
+        c.deactivate_wait_s = w.now() - t0
+        await w.controller.deactivate()
+        c.deactivate_s = w.controller.last_deactivate_duration_s
+
+    async def _collect(self, c: _Cycle) -> None:
+        """Step 2: trigger_parameter_sync_step collections, one train_step each."""
+        w = self.wiring
+        required = w.tracker.required_samples
+        for i in range(w.tracker.trigger_parameter_sync_step):
+            started = c.start_s if i == 0 else w.now()
+            w.queue.purge_stale(w.tracker.global_steps)
+            wait_samples = max(0, required - w.queue.size)
+            tw = w.now()
+            batch = await self._wait_batch()
+            waited = w.now() - tw
+            hybrid_wait = 0.0
+            if w.controller.is_hybrid_active:
+                # The policy kept the hybrid replicas generating (or nothing else could), but
+                # training needs the GPUs. The hybrid replicas generated during this wait, so
+                # it counts as hybrid rollout time (the x of resource_utilization).
+                hybrid_wait = waited
+                await w.controller.deactivate()
+                c.deactivate_s = w.controller.last_deactivate_duration_s
+            ts = w.now()
+            result = await w.ops.one("train_step", "trainer", functools.partial(w.train_engine.train_step, batch))
+            c.train_call_s += w.now() - ts
+            c.train_metrics = dict(result.metrics)
+            c.collections.append(
+                _Collection(
+                    started_s=started,
+                    wait_s=waited,
+                    wait_samples=wait_samples,
+                    counted_wait_s=(c.deactivate_wait_s if i == 0 else 0.0) + hybrid_wait,
+                    phase_times=dict(result.phase_times),
+                    queue_size_after=w.queue.size,
+                    ended_s=w.now(),
+                )
+            )
+
+    async def _sync(self, *, new_version: bool = True) -> WeightUpdate:
+        """Step 3: export weights (a new version unless startup) and load them into the routable
+        standalone replicas; reset the staleness budget."""
+        w = self.wiring
+        if new_version:
+            self.version += 1
+        exported = await w.ops.one("export_weights", "trainer", w.train_engine.export_weights)
         update = dataclasses.replace(exported, version=self.version)
-        if not self.partial_rollout:
+        if new_version and not self.partial_rollout:
             # Without partial rollout a response must come from one weight version: let the
             # running samples finish before the new weights arrive.
-            self.rollouter.pause_admission()
-            await self.rollouter.drain()
-        targets = [r for r in self.standalone if self.controller.balancer.has_replica(r.replica_id)]
-        await self.controller.sync_weights(targets, update)
-        self.rollouter.reset_staleness(self.version)
-        self.rollouter.resume_admission()
+            w.rollouter.pause_admission()
+            await w.rollouter.drain()
+        targets = [r for r in w.standalone if w.balancer.has_replica(r.replica_id)]
+        await w.controller.sync_weights(targets, update)
+        w.rollouter.reset_staleness(self.version)
+        w.rollouter.resume_admission()
         self.last_update = update
         return update
 
-    async def _after_sync(self, update: WeightUpdate, decisions: list[DecisionRecord]) -> tuple[bool, bool, int]:
+    def _end_cycle(self, c: _Cycle) -> tuple[list[Any], float]:
+        """Close the rollout window and count the cycle in global_steps; return the window."""
+        w = self.wiring
+        window = w.rollouter.take_window()
+        w.tracker.end_cycle(
+            CycleMeasurements(
+                wait_times=tuple(k.wait_s for k in c.collections),
+                wait_samples=tuple(k.wait_samples for k in c.collections),
+                cycle_time_s=w.now() - c.start_s,
+                train_time_s=sum(train_compute_time(k.phase_times) for k in c.collections),
+                train_call_s=c.train_call_s,
+                consumed=w.tracker.step_required_samples,
+                generated=w.rollouter.generated - c.generated_before,
+            )
+        )
+        return window
+
+    async def _decide(self, update: WeightUpdate, decisions: list[DecisionRecord]) -> tuple[bool, bool, int]:
         """Steps 4-5: activation, rebalance, policy update; return (activated, rebalanced, moved)."""
-        ctx = self.tracker.context()
-        only_hybrid = self.only_hybrid
-
-        def must_activate(v: Any) -> tuple[Any, str]:
-            if only_hybrid and not v:
-                return True, "only-hybrid cluster: nothing else could generate"
-            return v, ""
-
-        rec = await self.guard.decide("should_activate_after_step", ctx, must_activate)
+        w = self.wiring
+        ctx = w.tracker.context()
+        rec = await w.guard.decide("should_activate_after_step", ctx)
         decisions.append(rec)
         activated = rebalanced = False
         moved = 0
-        if rec.value and not self.controller.is_hybrid_active and self.controller.usable_hybrid:
-            activated = await self.controller.activate(update)
+        if rec.value and not w.controller.is_hybrid_active and w.controller.usable_hybrid:
+            activated = await w.controller.activate(update)
             if activated and self.enable_rebalance:
-                rctx = self.tracker.context()
-                rrec = await self.guard.decide("should_rebalance", rctx)
+                rrec = await w.guard.decide("should_rebalance", w.tracker.context())
                 decisions.append(rrec)
                 if rrec.value:
-                    moved = await self.controller.rebalance()
+                    moved = await w.controller.rebalance()
                     rebalanced = True
-        decisions.append(await self.guard.decide("update_after_step", ctx))
+        decisions.append(await w.guard.decide("update_after_step", ctx))
         return activated, rebalanced, moved
+
+    def _report(self, c: _Cycle, window: tuple[list[Any], float], decided_s: float) -> CycleReport:
+        """Step 6: the cycle's metrics and report; emit ``dynres_metrics_emitted``."""
+        w = self.wiring
+        last = len(c.collections) - 1
+        micro = []
+        for n, k in enumerate(c.collections):
+            # The last collection's allocated time runs on through the sync and the decisions.
+            allocated = (decided_s if n == last else k.ended_s) - k.started_s
+            micro.append(
+                MicroStep(
+                    phase_times=k.phase_times,
+                    allocated_s=allocated,
+                    wait_s=k.counted_wait_s,
+                    step_s=allocated,
+                    queue_size_after=k.queue_size_after,
+                )
+            )
+        points, window_end = window
+        metrics = cycle_metrics(
+            micro, points, window_end, hybrid_gpus=self.hybrid_gpus, standalone_gpus=self.standalone_gpus
+        )
+        t_end = w.now()
+        report = CycleReport(
+            step=w.tracker.global_steps,
+            start_s=c.start_s,
+            end_s=t_end,
+            duration_s=t_end - c.start_s,
+            metrics=metrics,
+            hybrid_active_at_start=c.hybrid_at_start,
+            deactivated=w.controller.deactivations > c.deactivations_before,
+            activated=c.activated,
+            rebalanced=c.rebalanced,
+            rebalanced_requests=c.moved,
+            deactivate_wait_samples=c.wait_target,
+            wait_for_enough_samples_s=sum(m.wait_s for m in micro),
+            step_wait_times=[k.wait_s for k in c.collections],
+            step_wait_samples=[k.wait_samples for k in c.collections],
+            samples_generated=w.rollouter.generated - c.generated_before,
+            samples_consumed=w.tracker.step_required_samples,
+            samples_dropped_stale=w.queue.dropped_stale - c.dropped_before,
+            queue_size_end=w.queue.size,
+            weight_version=self.version,
+            activate_duration_s=w.controller.last_activate_duration_s if c.activated else 0.0,
+            deactivate_duration_s=c.deactivate_s,
+            train_metrics=c.train_metrics,
+            decisions=c.decisions,
+        )
+        try:
+            w.pm.hook.dynres_metrics_emitted(step=report.step, metrics=dict(metrics))
+        except Exception:
+            logger.exception("a dynres_metrics_emitted observer failed; ignored")
+        return report
 
     # ---- Public steps -----------------------------------------------------------------------
 
     async def startup(self) -> list[DecisionRecord]:
         """Initial weight sync (the current version: 0, or a checkpoint's) and the activation
         decisions before the first cycle."""
-        exported = await self.ops.one("export_weights", "trainer", self.train_engine.export_weights)
-        update = dataclasses.replace(exported, version=self.version)
-        targets = [r for r in self.standalone if self.controller.balancer.has_replica(r.replica_id)]
-        await self.controller.sync_weights(targets, update)
-        self.last_update = update
-        self.rollouter.reset_staleness(self.version)
+        update = await self._sync(new_version=False)
         decisions: list[DecisionRecord] = []
-        await self._after_sync(update, decisions)
+        await self._decide(update, decisions)
         return decisions
 
     async def cycle(self) -> CycleReport:
         """Run one sync cycle and return its report (raises StopRun when samples run out)."""
-        t_start = self._now()
-        step_required = self.tracker.step_required_samples
-        buffer = int(step_required * self.tracker.staleness_threshold)
-        decisions: list[DecisionRecord] = []
-        hybrid_at_start = self.controller.is_hybrid_active
-        deact_before = self.controller.deactivations
-        dropped_before = self.queue.dropped_stale
-        generated_before = self.rollouter.generated
-        wait_target: int | None = None
-        wait_s = 0.0
-        deactivate_s = 0.0
-
-        ctx = self.tracker.context()
-        if self.controller.is_hybrid_active:
-            rec = await self.guard.decide("should_deactivate", ctx)
-            decisions.append(rec)
-            if rec.value:
-                only_hybrid = self.only_hybrid
-
-                def clamp(v: Any) -> tuple[Any, str]:
-                    lo = step_required if only_hybrid else 0
-                    hi = step_required + buffer
-                    if v < lo:
-                        return lo, f"only-hybrid cluster: wait for at least step_required={lo}"
-                    if v > hi:
-                        return hi, f"never wait for more than step_required + buffer = {hi}"
-                    return v, ""
-
-                wrec = await self.guard.decide("deactivate_wait_samples", ctx, clamp)
-                decisions.append(wrec)
-                wait_target = int(wrec.value)
-                t0 = self._now()
-                target = wait_target
-                # Near the end of a run the queue may never reach the target: stop waiting once
-                # it holds all the run still needs.
-                await self.queue.wait_until(
-                    lambda: self.queue.size >= target or self.rollouter.finished() or self.rollouter.demand_queued()
-                )
-                wait_s = self._now() - t0
-                await self.controller.deactivate()
-                deactivate_s = self.controller.last_deactivate_duration_s
-
-        micro: list[MicroStep] = []
-        wait_times: list[float] = []
-        wait_samples: list[int] = []
-        train_call_s = 0.0
-        train_metrics: dict[str, float] = {}
-        required = self.tracker.required_samples
-        trigger = self.tracker.trigger_parameter_sync_step
-        activated = rebalanced = False
-        moved = 0
-        update: WeightUpdate | None = None
-        for i in range(trigger):
-            t_micro = t_start if i == 0 else self._now()
-            self.queue.purge_stale(self.tracker.global_steps)
-            wait_samples.append(max(0, required - self.queue.size))
-            tw = self._now()
-            batch = await self._wait_batch()
-            waited = self._now() - tw
-            wait_times.append(waited)
-            hybrid_wait = 0.0
-            if self.controller.is_hybrid_active:
-                # The policy kept the hybrid replicas generating (or nothing else could), but
-                # training needs the GPUs. The hybrid replicas generated during this wait, so
-                # it counts as hybrid rollout time (the x of resource_utilization).
-                hybrid_wait = waited
-                await self.controller.deactivate()
-                deactivate_s = self.controller.last_deactivate_duration_s
-            ts = self._now()
-            result = await self.ops.one("train_step", "trainer", lambda b=batch: self.train_engine.train_step(b))
-            train_call_s += self._now() - ts
-            train_metrics = dict(result.metrics)
-            queue_after = self.queue.size
-            if i == trigger - 1:
-                update = await self._sync()
-                points, window_end = self.rollouter.take_window()
-                self.tracker.end_cycle(
-                    CycleMeasurements(
-                        wait_times=tuple(wait_times),
-                        wait_samples=tuple(wait_samples),
-                        cycle_time_s=self._now() - t_start,
-                        train_time_s=sum(train_compute_time(m.phase_times) for m in micro)
-                        + train_compute_time(result.phase_times),
-                        train_call_s=train_call_s,
-                        consumed=required * trigger,
-                        generated=self.rollouter.generated - generated_before,
-                    )
-                )
-                activated, rebalanced, moved = await self._after_sync(update, decisions)
-            alloc = self._now() - t_micro
-            micro.append(
-                MicroStep(
-                    phase_times=dict(result.phase_times),
-                    allocated_s=alloc,
-                    wait_s=(wait_s if i == 0 else 0.0) + hybrid_wait,
-                    step_s=alloc,
-                    queue_size_after=queue_after,
-                )
-            )
-
-        metrics = cycle_metrics(
-            micro,
-            points,
-            window_end,
-            hybrid_gpus=self.hybrid_gpus,
-            standalone_gpus=self.standalone_gpus,
+        w = self.wiring
+        c = _Cycle(
+            start_s=w.now(),
+            hybrid_at_start=w.controller.is_hybrid_active,
+            deactivations_before=w.controller.deactivations,
+            dropped_before=w.queue.dropped_stale,
+            generated_before=w.rollouter.generated,
         )
-        t_end = self._now()
-        report = CycleReport(
-            step=self.tracker.global_steps,
-            start_s=t_start,
-            end_s=t_end,
-            duration_s=t_end - t_start,
-            metrics=metrics,
-            hybrid_active_at_start=hybrid_at_start,
-            deactivated=self.controller.deactivations > deact_before,
-            activated=activated,
-            rebalanced=rebalanced,
-            rebalanced_requests=moved,
-            deactivate_wait_samples=wait_target,
-            wait_for_enough_samples_s=sum(m.wait_s for m in micro),
-            step_wait_times=wait_times,
-            step_wait_samples=wait_samples,
-            samples_generated=self.rollouter.generated - generated_before,
-            samples_consumed=required * trigger,
-            samples_dropped_stale=self.queue.dropped_stale - dropped_before,
-            queue_size_end=self.queue.size,
-            weight_version=self.version,
-            activate_duration_s=self.controller.last_activate_duration_s if activated else 0.0,
-            deactivate_duration_s=deactivate_s,
-            train_metrics=train_metrics,
-            decisions=decisions,
-        )
-        try:
-            self.pm.hook.dynres_metrics_emitted(step=report.step, metrics=dict(metrics))
-        except Exception:
-            logger.exception("a dynres_metrics_emitted observer failed; ignored")
-        return report
+        await self._deactivate(c)
+        await self._collect(c)
+        update = await self._sync()
+        window = self._end_cycle(c)
+        c.activated, c.rebalanced, c.moved = await self._decide(update, c.decisions)
+        return self._report(c, window, decided_s=w.now())
 
 
 async def maybe_await(value: Any) -> None:

@@ -3,23 +3,20 @@
 A policy is third-party code. Each call goes through :class:`~dynres.core.BoundPolicy` (so
 plugins can wrap it) in a worker thread started with ``loop.run_in_executor`` and is bounded by
 ``asyncio.wait_for``: a slow or hung policy never blocks the event loop, and the simulator's
-virtual-time loop sees the pending executor work. The answer is then checked:
+virtual-time loop sees the pending executor work. The answer is then checked against the one
+table of valid answers, :data:`dynres.core.answers.ANSWERS` (numpy booleans and integers count as
+``bool`` and ``int`` and are normalised). A policy that raises, times out or answers with
+anything else gets the safe fallback (deactivate; wait 0; activate only in an only-hybrid
+cluster, where nothing else could generate; do not rebalance); the decision is reported through
+``dynres_decision_made(fallback=True)``, logged as a warning and counted.
 
-==============================  ======================  ===================================
-method                          valid answer            safe fallback
-==============================  ======================  ===================================
-``should_deactivate``           ``bool``                ``True`` (give the GPUs back)
-``deactivate_wait_samples``     ``int >= 0`` (not bool) ``0`` (do not wait)
-``should_activate_after_step``  ``bool``                ``False`` (stay standalone-only)
-``should_rebalance``            ``bool``                ``False`` (never rebalance)
-``update_after_step``           ``None``                nothing
-==============================  ======================  ===================================
+Then the safety clamps, the only place they live (recorded with ``clamped=True`` and a reason):
 
-numpy booleans and integers count as ``bool`` and ``int``. A policy that raises, times out or
-answers with anything else gets the fallback; the decision is reported through
-``dynres_decision_made(fallback=True)``, logged as a warning and counted. In an only-hybrid
-cluster "stay standalone-only" would leave nothing to generate, so the activation fallback
-there is ``True`` (see :meth:`DecisionGuard.decide`).
+* ``deactivate_wait_samples`` stays in ``[step_required, step_required + buffer]`` in an
+  only-hybrid cluster (the trainer's GPUs are the only producers: they must make at least one
+  cycle's samples before going back) and in ``[0, step_required + buffer]`` otherwise (the queue
+  never holds more, so a longer wait would never end);
+* ``should_activate_after_step`` is ``True`` in an only-hybrid cluster, for the same reason.
 
 A timed-out call keeps running in its daemon thread (Python cannot kill a thread); it holds no
 lock of ours and its answer is ignored. While ``max_stuck_calls`` such calls are still running,
@@ -40,12 +37,10 @@ from typing import Any
 import pluggy
 
 from dynres.core import BoundPolicy, ScheduleContext
+from dynres.core.answers import check_answer
 from dynres.runtime.loop.clock import wall
 
 logger = logging.getLogger("dynres.runtime.loop.decisions")
-
-BOOL_DECISIONS = ("should_deactivate", "should_activate_after_step", "should_rebalance")
-"""Decisions whose answer must be a bool."""
 
 
 @dataclass(frozen=True)
@@ -90,29 +85,6 @@ class _DaemonThreadExecutor(concurrent.futures.Executor):
         return fut
 
 
-def _numpy_kind(v: Any) -> str:
-    # numpy scalars without importing numpy: their dtype kind ('b' bool, 'i'/'u' integers).
-    if type(v).__module__ != "numpy":
-        return ""
-    dtype = getattr(v, "dtype", None)
-    return getattr(dtype, "kind", "") if getattr(v, "ndim", 1) == 0 else ""
-
-
-def _is_bool(v: Any) -> bool:
-    return isinstance(v, bool) or _numpy_kind(v) == "b"
-
-
-def _is_int(v: Any) -> bool:
-    if isinstance(v, bool):
-        return False
-    return isinstance(v, int) or _numpy_kind(v) in ("i", "u")
-
-
-def _type_name(v: Any) -> str:
-    t = type(v)
-    return t.__name__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
-
-
 def _safe_value(method: str, ctx: ScheduleContext) -> Any:
     if method == "should_deactivate":
         return True
@@ -125,17 +97,27 @@ def _safe_value(method: str, ctx: ScheduleContext) -> Any:
     return None
 
 
-def check_answer(method: str, value: Any) -> str:
-    """Return why ``value`` is not a valid answer of ``method`` ('' when it is valid)."""
-    if method in BOOL_DECISIONS:
-        return "" if _is_bool(value) else f"expected bool, got {_type_name(value)}"
-    if method == "deactivate_wait_samples":
-        if not _is_int(value):
-            return f"expected int >= 0, got {_type_name(value)}"
-        return "" if int(value) >= 0 else f"expected int >= 0, got {int(value)}"
-    if method == "update_after_step":
-        return "" if value is None else f"expected None, got {_type_name(value)}"
-    raise ValueError(f"unknown policy method {method!r}")
+def _clamp_wait(value: int, ctx: ScheduleContext) -> tuple[int, str]:
+    lo = ctx.step_required_samples if ctx.only_hybrid else 0
+    hi = ctx.step_required_samples + ctx.buffer_samples
+    if value < lo:
+        return lo, f"only-hybrid cluster: wait for at least step_required={lo}"
+    if value > hi:
+        return hi, f"never wait for more than step_required + buffer = {hi}"
+    return value, ""
+
+
+def _clamp_activate(value: bool, ctx: ScheduleContext) -> tuple[bool, str]:
+    if ctx.only_hybrid and not value:
+        return True, "only-hybrid cluster: nothing else could generate"
+    return value, ""
+
+
+_CLAMPS: dict[str, Callable[[Any, ScheduleContext], tuple[Any, str]]] = {
+    "deactivate_wait_samples": _clamp_wait,
+    "should_activate_after_step": _clamp_activate,
+}
+"""Policy method -> safety clamp ``(value, ctx) -> (value, reason)`` (see the module docs)."""
 
 
 class DecisionGuard:
@@ -149,7 +131,7 @@ class DecisionGuard:
         :param now: run clock (seconds since run start) for the records.
         """
         self.policy = policy
-        """The guarded policy."""
+        """The policy whose decisions are called, checked and clamped here."""
         self.timeout_s = timeout_s
         """Longest a decision may take (seconds)."""
         self.fallbacks = 0
@@ -173,16 +155,16 @@ class DecisionGuard:
         self,
         method: str,
         ctx: ScheduleContext,
-        clamp: Callable[[Any], tuple[Any, str]] | None = None,
     ) -> DecisionRecord:
-        """Run ``method`` of the policy on ``ctx``; return the checked decision and report it.
+        """Run ``method`` of the policy on ``ctx``; return the checked, clamped decision and report it.
 
-        ``clamp(value) -> (value, reason)`` applies a safety clamp to the checked (or fallback)
+        The method's safety clamp (see the module docs) applies to the checked (or fallback)
         value; a changed value is recorded with ``clamped=True`` and its reason.
         """
         loop = asyncio.get_running_loop()
         t0 = wall()
         raw: Any = None
+        checked = None
         reason = ""
         self._stuck = [f for f in self._stuck if not f.done()]
         try:
@@ -196,7 +178,8 @@ class DecisionGuard:
             except TimeoutError:
                 self._stuck.append(fut)
                 raise
-            reason = check_answer(method, raw)
+            checked = check_answer(method, raw)
+            reason = checked.reason
             raw_text = _short_repr(raw)
         except _Stuck as exc:
             reason = f"not called: {exc}"
@@ -222,10 +205,12 @@ class DecisionGuard:
                 value,
             )
         else:
-            value = bool(raw) if method in BOOL_DECISIONS else (int(raw) if raw is not None else None)
+            assert checked is not None  # no reason: the answer was checked and found valid
+            value = checked.value
         clamped = False
+        clamp = _CLAMPS.get(method)
         if clamp is not None:
-            new, why = clamp(value)
+            new, why = clamp(value, ctx)
             if new != value:
                 logger.info("policy %r %s: %r clamped to %r: %s", self.policy.name, method, value, new, why)
                 value, clamped = new, True

@@ -105,7 +105,8 @@ class OpRunner:
             await self.one(op, t.replica_id, lambda: call(t))
 
         results = await asyncio.gather(*(run(t) for t in targets), return_exceptions=True)
-        ok, bad = [], []
+        ok: list[Any] = []
+        bad: list[Any] = []
         for t, r in zip(targets, results, strict=True):
             if isinstance(r, asyncio.CancelledError):
                 raise r

@@ -22,7 +22,6 @@ import logging
 import math
 from collections import deque
 from collections.abc import Callable
-from typing import Any
 
 from dynres.core.errors import RuntimeStateError
 from dynres.runtime.samples import Sample
@@ -66,8 +65,6 @@ class MessageQueue:
         """Largest staleness (versions) a consumed sample may have."""
         self.on_drop = on_drop
         """Called for each sample dropped as stale."""
-        self.produced = 0
-        """Samples accepted into the queue (count)."""
         self.consumed = 0
         """Samples handed to the trainer (count)."""
         self.dropped_stale = 0
@@ -107,7 +104,6 @@ class MessageQueue:
             self._seen.add(sample.sample_id)
             self._items.append(sample)
             self._versions[sample.start_version] = self._versions.get(sample.start_version, 0) + 1
-            self.produced += 1
             cond.notify_all()
         return True
 
@@ -196,13 +192,3 @@ class MessageQueue:
             self._versions[version] = left
         else:
             del self._versions[version]
-
-    def stats(self) -> dict[str, Any]:
-        """Counters as a dict (samples)."""
-        return {
-            "size": self.size,
-            "produced": self.produced,
-            "consumed": self.consumed,
-            "dropped_stale": self.dropped_stale,
-            "duplicates": self.duplicates,
-        }

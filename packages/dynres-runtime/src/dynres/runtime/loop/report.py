@@ -173,7 +173,7 @@ class RunReport:
     startup_decisions: list[DecisionRecord]
     """Decisions made after the initial weight sync, before the first cycle."""
     samples: SampleCounters
-    """Sample and request counters."""
+    """Where every sample went: admitted, generated, consumed, dropped, left at the end (counts)."""
     operations: OperationTimings
     """Controller overhead and engine operation timings."""
     policy_fallbacks: int

@@ -45,7 +45,7 @@ class PartialSample:
     """A sample whose generation was interrupted at the end of a run, with all output so far."""
 
     group: PromptGroup
-    """The prompt group."""
+    """The sample's prompt group (prompt and rollout.n responses to generate)."""
     results: tuple[GenerationResult, ...]
     """One result per response: finished ones as they are, unfinished ones with ``finish_reason="abort"``."""
     start_version: int
@@ -87,9 +87,9 @@ class Rollouter:
         :param demand: samples the trainer will take in this run (None = no limit).
         """
         self.balancer = balancer
-        """The load balancer."""
+        """Routes each admitted sample's requests; its capacity bounds admission."""
         self.queue = queue
-        """The message queue."""
+        """Receives finished samples; what it holds counts against the staleness budget."""
         self.max_required_samples = max_required_samples
         """Admission bound per weight version (samples)."""
         self.concurrent_samples_per_replica = concurrent_samples_per_replica

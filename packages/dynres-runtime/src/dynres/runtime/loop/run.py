@@ -25,33 +25,23 @@ from typing import Any
 import pluggy
 
 from dynres.core import BoundPolicy, DynresConfig, Policy, get_plugin_manager
+from dynres.core.context import step_required_samples
 from dynres.core.errors import ConfigError, RuntimeStateError
 from dynres.runtime.loop.balancer import LoadBalancer
+from dynres.runtime.loop.checkpoint import CHECKPOINT_FORMAT, make_checkpoint, restore_checkpoint
 from dynres.runtime.loop.clock import RunClock
 from dynres.runtime.loop.controller import Controller, ControllerState
-from dynres.runtime.loop.cycle import StopRun, TrainerLoop, maybe_await
+from dynres.runtime.loop.cycle import LoopWiring, StopRun, TrainerLoop, maybe_await
 from dynres.runtime.loop.decisions import DecisionGuard, DecisionRecord
 from dynres.runtime.loop.ops import OpRunner
 from dynres.runtime.loop.queue import MessageQueue
 from dynres.runtime.loop.report import CycleReport, OperationTimings, RunReport, SampleCounters
-from dynres.runtime.loop.rollouter import PartialSample, PromptSource, Rollouter
+from dynres.runtime.loop.rollouter import PromptSource, Rollouter
 from dynres.runtime.loop.tracker import RunTracker
 from dynres.runtime.protocols import Replica, TrainEngine
-from dynres.runtime.samples import (
-    PromptGroup,
-    Sample,
-    group_from_dict,
-    group_to_dict,
-    result_from_dict,
-    result_to_dict,
-    sample_from_dict,
-    sample_to_dict,
-)
+from dynres.runtime.samples import PromptGroup, Sample
 
 logger = logging.getLogger("dynres.runtime.loop.run")
-
-CHECKPOINT_FORMAT = "dynres.checkpoint/1"
-"""Value of the ``format`` key of a checkpoint."""
 
 __all__ = [
     "CHECKPOINT_FORMAT",
@@ -83,7 +73,7 @@ class RunSpec:
     hybrid: Sequence[Replica]
     """Hybrid replicas on the trainer's GPUs (start asleep); empty without dynamic scheduling."""
     train_engine: TrainEngine
-    """The trainer."""
+    """Trains on each collection and exports the weights at each sync (the caller shuts it down)."""
     prompts: PromptSource
     """Iterable or async iterable of PromptGroup (one per sample; ids unique)."""
     num_cycles: int
@@ -139,53 +129,47 @@ class RunSpec:
 
 
 class FullyAsyncRun:
-    """One run of the fully-async loop; :meth:`run` once, :meth:`checkpoint` any time after."""
+    """One run of the fully-async loop; :meth:`run` once, :meth:`checkpoint` any time after.
+
+    The constructor wires every component (their asyncio objects are created on first use, so
+    it may run outside an event loop); :meth:`run` starts the clock, loads ``resume_from`` and
+    drives the cycles.
+    """
 
     def __init__(self, spec: RunSpec) -> None:
-        """Bind the policy; the components are built when :meth:`run` starts (inside the loop)."""
+        """Bind the policy and wire the balancer, queue, rollouter, controller and trainer loop."""
         self.spec = spec
-        """The run's spec."""
+        """What to run (config, policy, replicas, trainer, prompts, cycles)."""
+        cfg = spec.config
+        at = cfg.async_training
         if isinstance(spec.policy, BoundPolicy):
             self.policy = spec.policy
         else:
             pm = spec.plugin_manager if spec.plugin_manager is not None else get_plugin_manager()
             self.policy = BoundPolicy(spec.policy, pm)
-        """The policy behind its plugin manager."""
-        self.clock: RunClock | None = None
-        self.balancer: LoadBalancer | None = None
-        self.queue: MessageQueue | None = None
-        self.rollouter: Rollouter | None = None
-        self.controller: Controller | None = None
-        self.guard: DecisionGuard | None = None
-        self.tracker: RunTracker | None = None
-        self.trainer: TrainerLoop | None = None
-        self.ops: OpRunner | None = None
-        self._started = False
-
-    # ---- Wiring -------------------------------------------------------------------------------
-
-    def _build(self) -> None:
-        spec, cfg = self.spec, self.spec.config
-        at = cfg.async_training
-        clock = self.clock = RunClock()
-        now = clock.elapsed
+        """The policy behind its plugin manager (plugins may wrap its decisions)."""
+        self.clock = RunClock()
+        """Seconds since :meth:`run` started, on the event loop's clock."""
+        now = self.clock.elapsed
         self.ops = OpRunner(timeout_s=spec.op_timeout_s, now=now)
+        """Runs every backend operation with the op timeout; keeps per-operation timings and failures."""
         max_req = max_required_samples(cfg)
+        # The balancer and the queue call back into the rollouter and controller built after them.
         self.balancer = LoadBalancer(
             seed=spec.seed,
             sticky_capacity=spec.sticky_capacity,
             partial_rollout=at.partial_rollout,
-            on_change=lambda: self.rollouter.on_capacity_change() if self.rollouter is not None else None,
-            on_replica_failure=lambda rid, exc: (
-                self.controller.on_replica_failure(rid, exc) if self.controller is not None else None
-            ),
+            on_change=lambda: self.rollouter.on_capacity_change(),
+            on_replica_failure=lambda rid, exc: self.controller.on_replica_failure(rid, exc),
         )
+        """Routes generation requests to the routable replicas and retries aborted ones."""
         self.queue = MessageQueue(
             max_req,
             max_staleness_versions=spec.max_staleness_versions,
             staleness_threshold=at.staleness_threshold,
-            on_drop=lambda s: self.rollouter.on_drop(s) if self.rollouter is not None else None,
+            on_drop=lambda s: self.rollouter.on_drop(s),
         )
+        """Finished samples waiting for the trainer (at most max_required_samples)."""
         self.rollouter = Rollouter(
             balancer=self.balancer,
             queue=self.queue,
@@ -197,8 +181,9 @@ class FullyAsyncRun:
             # final run admits only what its cycles consume, so nothing is generated in vain.
             demand=None
             if spec.keep_checkpoint
-            else spec.num_cycles * cfg.required_samples * at.trigger_parameter_sync_step,
+            else spec.num_cycles * step_required_samples(cfg.required_samples, at.trigger_parameter_sync_step),
         )
+        """Admits samples from the prompt source within the staleness budget."""
         self.controller = Controller(
             balancer=self.balancer,
             train_engine=spec.train_engine,
@@ -208,7 +193,9 @@ class FullyAsyncRun:
             now=now,
             sleep_level=spec.sleep_level,
         )
+        """Carries out activation, deactivation, rebalance and weight loading of the replicas."""
         self.guard = DecisionGuard(self.policy, timeout_s=spec.policy_timeout_s, now=now)
+        """Asks the policy in a worker thread, with timeout, answer check, fallback and clamps."""
         self.tracker = RunTracker(
             required_samples=cfg.required_samples,
             trigger_parameter_sync_step=at.trigger_parameter_sync_step,
@@ -221,9 +208,11 @@ class FullyAsyncRun:
             controller=self.controller,
             now=now,
         )
-        self.trainer = TrainerLoop(
+        """Step bookkeeping; builds each decision's ScheduleContext."""
+        wiring = LoopWiring(
             train_engine=spec.train_engine,
             standalone=spec.standalone,
+            balancer=self.balancer,
             controller=self.controller,
             guard=self.guard,
             tracker=self.tracker,
@@ -231,51 +220,19 @@ class FullyAsyncRun:
             rollouter=self.rollouter,
             ops=self.ops,
             pm=self.policy.pm,
+            now=now,
+        )
+        self.trainer = TrainerLoop(
+            wiring,
             enable_rebalance=at.dynamic_schedule_enable_rebalance,
             partial_rollout=at.partial_rollout,
             hybrid_gpus=spec.hybrid_gpus if spec.hybrid_gpus is not None else cfg.trainer.n_gpus,
             standalone_gpus=spec.standalone_gpus if spec.standalone_gpus is not None else cfg.rollout.n_gpus,
-            now=now,
         )
+        """Drives the sync cycles: policy calls, collections, train steps, weight syncs."""
         for r in spec.standalone:
             self.balancer.add_replica(r)
-        if spec.resume_from is not None:
-            self._restore(spec.resume_from)
-        self.rollouter.start_window()
-
-    def _restore(self, ckpt: Mapping[str, Any]) -> None:
-        if ckpt.get("format") != CHECKPOINT_FORMAT:
-            raise ConfigError(
-                f"RunSpec.resume_from is not a dynres checkpoint (format={ckpt.get('format')!r}, "
-                f"expected {CHECKPOINT_FORMAT!r}); pass what FullyAsyncRun.checkpoint() returned"
-            )
-        assert self.tracker is not None and self.trainer is not None
-        assert self.rollouter is not None and self.queue is not None
-        pol = ckpt["policy"]
-        if pol["name"] != self.policy.name:
-            raise ConfigError(
-                f"checkpoint was written by policy {pol['name']!r} but this run uses "
-                f"{self.policy.name!r}; resume with the same policy"
-            )
-        self.policy.policy.load_state_dict(pol["state"])
-        self.tracker.global_steps = int(ckpt["global_steps"])
-        self.trainer.version = int(ckpt["weight_version"])
-        self.rollouter.version = int(ckpt["weight_version"])
-        self.queue.restore([sample_from_dict(d) for d in ckpt["queue"]])
-        partial_rollout = self.spec.config.async_training.partial_rollout
-        partials = []
-        for d in ckpt["partial"]:
-            results = [result_from_dict(r) for r in d["results"]]
-            if not partial_rollout:  # restart unfinished responses from scratch
-                results = [r if not r.aborted else _empty(r) for r in results]
-            partials.append(PartialSample(group_from_dict(d["group"]), tuple(results), int(d["start_version"]), 0.0))
-        self.rollouter.add_resumed(partials)
-        logger.info(
-            "resuming at global_steps=%d: %d queued samples, %d partial samples",
-            self.tracker.global_steps,
-            self.queue.size,
-            len(partials),
-        )
+        self._started = False
 
     # ---- Running ------------------------------------------------------------------------------
 
@@ -284,10 +241,19 @@ class FullyAsyncRun:
         if self._started:
             raise RuntimeStateError("a FullyAsyncRun runs once; build a new one for another run")
         self._started = True
-        self._build()
-        assert self.rollouter is not None and self.trainer is not None
-        assert self.clock is not None and self.controller is not None
+        self.clock.begin()
         spec = self.spec
+        if spec.resume_from is not None:
+            restore_checkpoint(
+                spec.resume_from,
+                policy=self.policy,
+                tracker=self.tracker,
+                trainer=self.trainer,
+                queue=self.queue,
+                rollouter=self.rollouter,
+                partial_rollout=spec.config.async_training.partial_rollout,
+            )
+        self.rollouter.start_window()
         cycles: list[CycleReport] = []
         startup: list[DecisionRecord] = []
         stopped_early = ""
@@ -326,8 +292,6 @@ class FullyAsyncRun:
         raise exc
 
     async def _teardown(self, roll_task: asyncio.Task[None]) -> None:
-        assert self.balancer is not None and self.controller is not None
-        assert self.rollouter is not None
         try:
             self.balancer.start_draining()
             await self.controller.abort_everywhere()
@@ -350,29 +314,9 @@ class FullyAsyncRun:
         policy's ``state_dict``. Called during a run (e.g. from the progress callback) it holds
         the queue and, for samples still generating, only their prompt groups (they restart).
         """
-        if self.queue is None or self.rollouter is None or self.tracker is None or self.trainer is None:
+        if not self._started:
             raise RuntimeStateError("checkpoint() needs a started run; call run() first")
-        partial = [
-            {
-                "group": group_to_dict(p.group),
-                "results": [result_to_dict(r) for r in p.results],
-                "start_version": p.start_version,
-            }
-            for p in self.rollouter.partials
-        ]
-        return {
-            "format": CHECKPOINT_FORMAT,
-            "global_steps": self.tracker.global_steps,
-            "weight_version": self.trainer.version,
-            "policy": {"name": self.policy.name, "state": self.policy.policy.state_dict()},
-            "queue": [sample_to_dict(s) for s in self.queue.snapshot()],
-            "partial": partial,
-            "counters": {
-                "generated": self.rollouter.generated,
-                "consumed": self.queue.consumed,
-                "dropped_stale": self.queue.dropped_stale,
-            },
-        }
+        return make_checkpoint(self.policy, self.tracker, self.trainer, self.queue, self.rollouter)
 
     def _report(
         self,
@@ -381,9 +325,6 @@ class FullyAsyncRun:
         startup: list[DecisionRecord],
         stopped_early: str,
     ) -> RunReport:
-        assert self.balancer is not None and self.queue is not None and self.rollouter is not None
-        assert self.controller is not None and self.guard is not None
-        assert self.ops is not None and self.trainer is not None
         bc = self.balancer.counters
         partials = self.rollouter.partials
         samples = SampleCounters(
@@ -427,12 +368,6 @@ class FullyAsyncRun:
             stopped_early=stopped_early,
             checkpoint=self.checkpoint() if self.spec.keep_checkpoint else None,
         )
-
-
-def _empty(r: Any) -> Any:
-    from dataclasses import replace
-
-    return replace(r, token_ids=[], logprobs=[])
 
 
 async def run_fully_async(spec: RunSpec) -> RunReport:

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from dynres.core import ScheduleContext
+from dynres.core.context import step_required_samples
 from dynres.runtime.loop.balancer import LoadBalancer
 from dynres.runtime.loop.controller import Controller
 from dynres.runtime.loop.queue import MessageQueue
@@ -91,7 +92,7 @@ class RunTracker:
     @property
     def step_required_samples(self) -> int:
         """required_samples x trigger_parameter_sync_step (samples)."""
-        return self.required_samples * self.trigger_parameter_sync_step
+        return step_required_samples(self.required_samples, self.trigger_parameter_sync_step)
 
     def end_cycle(self, m: CycleMeasurements) -> None:
         """Record a finished cycle and count it in global_steps."""

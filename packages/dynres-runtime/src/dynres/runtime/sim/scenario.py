@@ -35,6 +35,7 @@ from dynres.core.config import (
     deep_merge,
     validate_model,
 )
+from dynres.core.context import step_required_samples
 from dynres.core.errors import ConfigError, ScenarioError
 from dynres.core.metrics import TRAIN_COMPUTE_PHASES
 
@@ -267,7 +268,7 @@ class Scenario(StrictModel):
     @property
     def step_required_samples(self) -> int:
         """Samples per sync cycle: required_samples x trigger_parameter_sync_step (count)."""
-        return self.required_samples * self.async_training.trigger_parameter_sync_step
+        return step_required_samples(self.required_samples, self.async_training.trigger_parameter_sync_step)
 
     @property
     def responses_per_sample(self) -> int:

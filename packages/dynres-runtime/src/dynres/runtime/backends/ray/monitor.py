@@ -27,11 +27,6 @@ class LoopLag:
     window_s: float
     """Wall time covered since the reset (seconds)."""
 
-    @property
-    def max_lag_s(self) -> float:
-        """How much longer than asked the worst tick took (seconds, >= 0)."""
-        return max(0.0, self.max_gap_s - self.interval_s)
-
 
 class LoopLagMonitor:
     """Tick on the running loop every ``interval_s`` seconds and keep the worst gap (wall clock)."""

@@ -1,0 +1,102 @@
+"""The one table of valid policy answers, and the checker the runtime and the testkit share.
+
+==============================  ==========  =========  =====================================
+method                          type        range      safe fallback (applied by the runtime)
+==============================  ==========  =========  =====================================
+``should_deactivate``           ``bool``               ``True`` (give the GPUs back)
+``deactivate_wait_samples``     ``int``     ``>= 0``   ``0`` (do not wait)
+``should_activate_after_step``  ``bool``               ``ctx.only_hybrid``
+``should_rebalance``            ``bool``               ``False`` (never rebalance)
+``update_after_step``           ``None``               nothing
+==============================  ==========  =========  =====================================
+
+One rule for both: a numpy boolean or integer scalar (0-d, e.g. ``numpy.bool_`` from
+``arr.mean() > x``) counts as ``bool`` or ``int`` and is normalised to the Python type, so what
+the runtime acts on and what a recorded trace holds is plain JSON. A Python ``bool`` is not an
+``int`` here (``True`` samples to wait for is a bug), and neither is a float, integral or not.
+numpy is recognised by the value's module and dtype, so this module does not import it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+__all__ = ["ANSWERS", "AnswerSpec", "CheckedAnswer", "check_answer"]
+
+
+@dataclass(frozen=True)
+class AnswerSpec:
+    """What one policy method must return."""
+
+    kind: Literal["bool", "int", "None"]
+    """Python type of a valid answer after normalisation."""
+    minimum: int | None = None
+    """Smallest valid value (for ``int`` answers; None: no lower bound)."""
+    hint: str = ""
+    """How a policy author fixes a wrong type, for error messages."""
+
+    def describe(self) -> str:
+        """The valid answers in words, e.g. ``int >= 0``."""
+        return self.kind if self.minimum is None else f"{self.kind} >= {self.minimum}"
+
+
+ANSWERS: dict[str, AnswerSpec] = {
+    "should_deactivate": AnswerSpec("bool", hint="wrap it in bool(...)"),
+    "deactivate_wait_samples": AnswerSpec("int", minimum=0, hint="wrap it in int(...)"),
+    "should_activate_after_step": AnswerSpec("bool", hint="wrap it in bool(...)"),
+    "should_rebalance": AnswerSpec("bool", hint="wrap it in bool(...)"),
+    "update_after_step": AnswerSpec("None", hint="return None"),
+}
+"""Policy method name -> what it must return; keys in the order the runtime calls them."""
+
+
+@dataclass(frozen=True)
+class CheckedAnswer:
+    """A policy answer after :func:`check_answer`."""
+
+    value: Any
+    """The answer normalised to its Python type (numpy scalars converted); the raw value when the type is wrong."""
+    type_ok: bool
+    """True when the answer has the method's type (ranges aside)."""
+    reason: str
+    """Why the answer is invalid, type or range ('' when valid)."""
+
+    @property
+    def ok(self) -> bool:
+        """True when the answer is valid in type and range."""
+        return not self.reason
+
+
+def check_answer(method: str, value: Any) -> CheckedAnswer:
+    """Check ``value`` as an answer of policy method ``method``; return it normalised or the reason.
+
+    Raises ``KeyError`` for a name that is not a policy method (a caller bug, not a policy's).
+    """
+    spec = ANSWERS[method]
+    if spec.kind == "bool":
+        if isinstance(value, bool) or _numpy_kind(value) == "b":
+            return CheckedAnswer(bool(value), True, "")
+    elif spec.kind == "int":
+        if (isinstance(value, int) and not isinstance(value, bool)) or _numpy_kind(value) in ("i", "u"):
+            number = int(value)
+            if spec.minimum is not None and number < spec.minimum:
+                return CheckedAnswer(number, True, f"expected {spec.describe()}, got {number}")
+            return CheckedAnswer(number, True, "")
+    elif value is None:
+        return CheckedAnswer(None, True, "")
+    return CheckedAnswer(value, False, f"expected {spec.describe()}, got {type_name(value)}")
+
+
+def type_name(value: Any) -> str:
+    """The type of ``value`` as an error message shows it: ``int``, ``numpy.float64``."""
+    t = type(value)
+    return t.__name__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
+
+
+def _numpy_kind(value: Any) -> str:
+    # A numpy scalar's dtype kind ('b' bool, 'i'/'u' integers), found without importing numpy;
+    # arrays (ndim > 0) do not count, even with one element.
+    if type(value).__module__ != "numpy" or getattr(value, "ndim", 1) != 0:
+        return ""
+    return str(getattr(getattr(value, "dtype", None), "kind", ""))

@@ -1,0 +1,79 @@
+"""The table of valid policy answers and its checker (dynres.core.answers)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from dynres.core import POLICY_METHODS
+from dynres.core.answers import ANSWERS, check_answer
+
+
+def test_the_table_covers_every_policy_method_in_call_order() -> None:
+    assert tuple(ANSWERS) == POLICY_METHODS
+
+
+@pytest.mark.parametrize(
+    ("method", "value", "expected"),
+    [
+        ("should_deactivate", True, True),
+        ("should_rebalance", False, False),
+        ("should_activate_after_step", True, True),
+        ("deactivate_wait_samples", 0, 0),
+        ("deactivate_wait_samples", 12, 12),
+        ("update_after_step", None, None),
+    ],
+)
+def test_valid_answers_pass_unchanged(method: str, value: Any, expected: Any) -> None:
+    checked = check_answer(method, value)
+    assert checked.ok and checked.type_ok and checked.reason == ""
+    assert checked.value == expected and type(checked.value) is type(expected)
+
+
+@pytest.mark.parametrize(
+    ("method", "value", "reason"),
+    [
+        ("should_deactivate", 0, "expected bool, got int"),
+        ("should_deactivate", None, "expected bool, got NoneType"),
+        ("should_rebalance", "yes", "expected bool, got str"),
+        ("deactivate_wait_samples", True, "expected int >= 0, got bool"),
+        ("deactivate_wait_samples", 3.0, "expected int >= 0, got float"),
+        ("update_after_step", 0, "expected None, got int"),
+    ],
+)
+def test_wrong_types_are_rejected_with_the_expected_type(method: str, value: Any, reason: str) -> None:
+    checked = check_answer(method, value)
+    assert not checked.ok and not checked.type_ok
+    assert checked.reason == reason
+    assert checked.value is value
+
+
+def test_a_negative_wait_has_the_right_type_but_is_out_of_range() -> None:
+    checked = check_answer("deactivate_wait_samples", -1)
+    assert checked.type_ok and not checked.ok
+    assert checked.reason == "expected int >= 0, got -1"
+
+
+def test_numpy_scalars_are_accepted_and_normalised_to_python_types() -> None:
+    np = pytest.importorskip("numpy")
+    yes = check_answer("should_deactivate", np.bool_(True))
+    assert yes.ok and yes.value is True
+    wait = check_answer("deactivate_wait_samples", np.int64(7))
+    assert wait.ok and wait.value == 7 and type(wait.value) is int
+    unsigned = check_answer("deactivate_wait_samples", np.uint8(3))
+    assert unsigned.ok and type(unsigned.value) is int
+    negative = check_answer("deactivate_wait_samples", np.int32(-2))
+    assert negative.type_ok and not negative.ok and "got -2" in negative.reason
+
+
+def test_numpy_floats_and_arrays_are_rejected() -> None:
+    np = pytest.importorskip("numpy")
+    assert check_answer("deactivate_wait_samples", np.float64(3.0)).reason == "expected int >= 0, got numpy.float64"
+    assert not check_answer("should_deactivate", np.array([True])).type_ok
+    assert not check_answer("should_deactivate", np.int64(1)).type_ok
+
+
+def test_an_unknown_method_is_a_caller_bug() -> None:
+    with pytest.raises(KeyError):
+        check_answer("should_explode", True)
