@@ -162,9 +162,9 @@ def test_unknown_fields_are_rejected():
 def test_context_is_frozen():
     ctx = make_ctx()
     with pytest.raises(ValidationError):
-        ctx.queue_size = 5  # type: ignore[misc]
+        ctx.queue_size = 5  # type: ignore[misc]  # the wrong type is the point of the test
     with pytest.raises(ValidationError):
-        ctx.step_required_samples = 5  # type: ignore[misc]
+        ctx.step_required_samples = 5  # type: ignore[misc]  # the wrong type is the point of the test
 
 
 # ---- Serialisation ---------------------------------------------------------------------------

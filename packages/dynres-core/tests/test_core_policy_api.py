@@ -75,7 +75,7 @@ def test_params_from_another_model_are_revalidated():
 
 def test_params_are_frozen():
     with pytest.raises(ValidationError):
-        Floor().params.floor = 0.9  # type: ignore[misc]
+        Floor().params.floor = 0.9  # type: ignore[misc]  # the wrong type is the point of the test
 
 
 def test_params_typo_names_the_field_and_suggests():
@@ -96,7 +96,7 @@ def test_params_out_of_range_names_the_field_and_value():
 
 def test_params_of_the_wrong_kind():
     with pytest.raises(PolicyParamsError, match="params must be a mapping or Floor.Params, not list"):
-        Floor([("floor", 0.5)])  # type: ignore[arg-type]
+        Floor([("floor", 0.5)])  # type: ignore[arg-type]  # the wrong type is the point of the test
 
 
 # ---- Class validation -----------------------------------------------------------------------

@@ -11,15 +11,15 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from dynres.core.errors import BackendError  # noqa: E402
-from dynres.runtime.backends.megatron import (  # noqa: E402
+from dynres.core.errors import BackendError  # noqa: E402  # imported after importorskip: needs the extra
+from dynres.runtime.backends.megatron import (  # noqa: E402  # imported after importorskip: needs the extra
     AttentionLayout,
     fuse_qkv,
     hf_to_megatron,
     megatron_to_hf,
     split_qkv,
 )
-from dynres.runtime.realrun.tiny_task import TinyModelSpec, build_tiny_model  # noqa: E402
+from dynres.runtime.realrun.tiny_task import TinyModelSpec, build_tiny_model  # noqa: E402  # imported after importorskip: needs the extra
 
 GQA = TinyModelSpec(hidden_size=128, num_attention_heads=4, num_key_value_heads=2)
 """4 query heads in 2 groups of head_dim 32: exercises the grouped QKV interleave."""

@@ -19,7 +19,7 @@ def _inputs(**kw: object) -> BoundInputs:
         required_samples=2,
     )
     base.update(kw)
-    return BoundInputs(**base)  # type: ignore[arg-type]
+    return BoundInputs(**base)  # type: ignore[arg-type]  # test inputs built from a dict of mixed values
 
 
 def test_training_bound_case() -> None:

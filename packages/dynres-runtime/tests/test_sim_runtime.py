@@ -49,7 +49,7 @@ class HangsOnce(DefaultPolicy):
     release = threading.Event()
 
     def __init__(self, *a: object, **k: object) -> None:
-        super().__init__(*a, **k)  # type: ignore[arg-type]
+        super().__init__(*a, **k)  # type: ignore[arg-type]  # the base's parameters are typed; this test double forwards any
         self.calls = 0
 
     def should_activate_after_step(self, ctx: ScheduleContext) -> bool:

@@ -10,12 +10,12 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from dynres.core.errors import BackendError  # noqa: E402
-from dynres.core.metrics import TRAIN_COMPUTE_PHASES  # noqa: E402
-from dynres.runtime.backends.torch_engine import TorchTrainConfig, TorchTrainEngine, TrainSample  # noqa: E402
-from dynres.runtime.backends.weights import WeightBuckets  # noqa: E402
-from dynres.runtime.protocols import GenerationResult, TrainEngine  # noqa: E402
-from dynres.runtime.realrun.tiny_task import build_tiny_model, make_prompts, parity_reward  # noqa: E402
+from dynres.core.errors import BackendError  # noqa: E402  # imported after importorskip: needs the extra
+from dynres.core.metrics import TRAIN_COMPUTE_PHASES  # noqa: E402  # imported after importorskip: needs the extra
+from dynres.runtime.backends.torch_engine import TorchTrainConfig, TorchTrainEngine, TrainSample  # noqa: E402  # imported after importorskip: needs the extra
+from dynres.runtime.backends.weights import WeightBuckets  # noqa: E402  # imported after importorskip: needs the extra
+from dynres.runtime.protocols import GenerationResult, TrainEngine  # noqa: E402  # imported after importorskip: needs the extra
+from dynres.runtime.realrun.tiny_task import build_tiny_model, make_prompts, parity_reward  # noqa: E402  # imported after importorskip: needs the extra
 
 pytestmark = pytest.mark.slow
 

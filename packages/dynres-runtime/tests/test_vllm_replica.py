@@ -12,10 +12,10 @@ pytest.importorskip("vllm")
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from dynres.runtime.backends.vllm import VllmReplica, VllmReplicaConfig  # noqa: E402
-from dynres.runtime.backends.weights import bucketize, materialize, remove_bucket_files  # noqa: E402
-from dynres.runtime.protocols import GenerationRequest, ReplicaKind, WeightUpdate  # noqa: E402
-from dynres.runtime.realrun.tiny_task import hf_greedy, save_tiny_model  # noqa: E402
+from dynres.runtime.backends.vllm import VllmReplica, VllmReplicaConfig  # noqa: E402  # imported after importorskip: needs the extra
+from dynres.runtime.backends.weights import bucketize, materialize, remove_bucket_files  # noqa: E402  # imported after importorskip: needs the extra
+from dynres.runtime.protocols import GenerationRequest, ReplicaKind, WeightUpdate  # noqa: E402  # imported after importorskip: needs the extra
+from dynres.runtime.realrun.tiny_task import hf_greedy, save_tiny_model  # noqa: E402  # imported after importorskip: needs the extra
 
 pytestmark = pytest.mark.slow
 

@@ -207,7 +207,7 @@ def test_check_policy_rejects_unknown_check_names_and_modes():
     with pytest.raises(ConfigError, match="did you mean 'check_picklable'"):
         check_policy("default", expected_failed_checks={"check_pickleable": "typo"}, end_to_end=False)
     with pytest.raises(ConfigError, match="on_fail"):
-        check_policy("default", on_fail="explode")  # type: ignore[arg-type]
+        check_policy("default", on_fail="explode")  # type: ignore[arg-type]  # the wrong type is the point of the test
 
 
 def test_parametrize_with_checks_ids_and_xfail_marks():
