@@ -125,15 +125,21 @@ def import_object(
         raise error(
             f"{what} {path!r}: module {module_name!r} failed to import: {type(exc).__name__}: {exc}; {hint}"
         ) from exc
+    obj, hint = _attribute(module, attr)
+    if hint is not None:
+        raise error(f"{what} {path!r}: module {module_name!r} has no attribute {attr!r}{hint}")
+    return obj
+
+
+def _attribute(module: Any, dotted: str) -> tuple[Any, str | None]:
+    """``(module.<dotted>, None)``, or ``(None, did-you-mean hint)`` when a part of the name is missing."""
     obj: Any = module
     try:
-        for part in attr.split("."):
+        for part in dotted.split("."):
             obj = getattr(obj, part)
     except AttributeError:
-        raise error(
-            f"{what} {path!r}: module {module_name!r} has no attribute {attr!r}{did_you_mean(attr, dir(module))}"
-        ) from None
-    return obj
+        return None, did_you_mean(dotted, dir(module))
+    return obj, None
 
 
 def import_from_file(spec: str, *, what: str = "policy") -> Any:
@@ -165,14 +171,9 @@ def import_from_file(spec: str, *, what: str = "policy") -> Any:
             raise PolicyImportError(
                 f"{what} {spec!r}: {head!r} failed to import: {type(exc).__name__}: {exc}; fix the file"
             ) from exc
-    obj: Any = module
-    try:
-        for part in attr.split("."):
-            obj = getattr(obj, part)
-    except AttributeError:
-        raise PolicyImportError(
-            f"{what} {spec!r}: {head!r} defines no {attr!r}{did_you_mean(attr, dir(module))}"
-        ) from None
+    obj, hint = _attribute(module, attr)
+    if hint is not None:
+        raise PolicyImportError(f"{what} {spec!r}: {head!r} defines no {attr!r}{hint}")
     return obj
 
 
