@@ -125,9 +125,9 @@ def import_object(
         raise error(
             f"{what} {path!r}: module {module_name!r} failed to import: {type(exc).__name__}: {exc}; {hint}"
         ) from exc
-    obj, hint = _attribute(module, attr)
-    if hint is not None:
-        raise error(f"{what} {path!r}: module {module_name!r} has no attribute {attr!r}{hint}")
+    obj, missing = _attribute(module, attr)
+    if missing is not None:
+        raise error(f"{what} {path!r}: module {module_name!r} has no attribute {attr!r}{missing}")
     return obj
 
 
@@ -171,9 +171,9 @@ def import_from_file(spec: str, *, what: str = "policy") -> Any:
             raise PolicyImportError(
                 f"{what} {spec!r}: {head!r} failed to import: {type(exc).__name__}: {exc}; fix the file"
             ) from exc
-    obj, hint = _attribute(module, attr)
-    if hint is not None:
-        raise PolicyImportError(f"{what} {spec!r}: {head!r} defines no {attr!r}{hint}")
+    obj, missing = _attribute(module, attr)
+    if missing is not None:
+        raise PolicyImportError(f"{what} {spec!r}: {head!r} defines no {attr!r}{missing}")
     return obj
 
 
