@@ -52,9 +52,8 @@ def test_every_decision_equals_verls_or_a_documented_difference(verl_name, dynre
                 unexplained.append((cluster, decision))
 
     body()
-    print(
-        f"parity {verl_name}: {dict(counts)} by method: {dict(per_method)}"
-    )  # shown with -s; the figures docs/verl.md quotes
+    # Shown with -s: the figures docs/verl.md quotes.
+    print(f"parity {verl_name}: {dict(counts)} by method: {dict(per_method)}")
     assert not unexplained, (
         f"{len(unexplained)} decisions differ from verl's without a documented reason: {unexplained[:3]}"
     )
