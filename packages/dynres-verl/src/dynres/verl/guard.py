@@ -19,22 +19,9 @@ from collections.abc import Callable
 from typing import Any
 
 from dynres.core import BoundPolicy, ScheduleContext
-from dynres.core.answers import check_answer
+from dynres.core.answers import check_answer, safe_answer
 
 logger = logging.getLogger("dynres.verl")
-
-
-def safe_answer(method: str, ctx: ScheduleContext) -> Any:
-    """The safe fallback of ``method`` from dynres's answer table (column "safe fallback")."""
-    if method == "should_deactivate":
-        return True
-    if method == "deactivate_wait_samples":
-        return 0
-    if method == "should_activate_after_step":
-        return ctx.only_hybrid
-    if method == "should_rebalance":
-        return False
-    return None
 
 
 class SyncGuard:
