@@ -38,7 +38,8 @@ EOF_PY
 say "installing dynres-verl (and verl) into a fresh venv"
 "$PY" -m venv "$TMP/venv"
 VPY=$TMP/venv/bin/python
-PIP=("$VPY" -m pip install --disable-pip-version-check -q)
+# --no-compile: byte-compiling every file of torch and friends costs more than the check itself.
+PIP=("$VPY" -m pip install --disable-pip-version-check -q --no-compile)
 # The CPU build of torch first: verl depends on torch, and an unpinned torch is the CUDA build.
 "${PIP[@]}" "torch==2.13.0" || { say "FAILED: installing CPU torch"; exit 1; }
 "${PIP[@]}" --find-links "$WHEELS" "$WHEELS"/*.whl || { say "FAILED: pip install of the wheels"; exit 1; }
@@ -78,4 +79,4 @@ with contextlib.redirect_stdout(io.StringIO()):
     assert cls.name == "verl_default" and cls().deactivate_wait_samples.__self__ is not None
 print("checked: dynres:default, dynres:fixed_ratio through build_policy; verl:default ->", cls.__name__)
 EOF_PY
-say "OK in $((SECONDS - start)) s"
+say "OK in $((SECONDS - start)) s (removing the venv follows)"
