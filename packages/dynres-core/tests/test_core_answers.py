@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from dynres.core import POLICY_METHODS
-from dynres.core.answers import ANSWERS, check_answer
+from dynres.core import POLICY_METHODS, ScheduleContext
+from dynres.core.answers import ANSWERS, check_answer, clamp_answer, safe_answer
 
 
 def test_the_table_covers_every_policy_method_in_call_order() -> None:
@@ -77,3 +77,46 @@ def test_numpy_floats_and_arrays_are_rejected() -> None:
 def test_an_unknown_method_is_a_caller_bug() -> None:
     with pytest.raises(KeyError):
         check_answer("should_explode", True)
+
+
+def _ctx(standalone: int) -> ScheduleContext:
+    return ScheduleContext(
+        required_samples=10,
+        trigger_parameter_sync_step=2,
+        staleness_threshold=0.5,
+        num_standalone_replicas=standalone,
+        num_hybrid_replicas=2,
+    )
+
+
+@pytest.mark.parametrize(
+    ("standalone", "method", "safe"),
+    [
+        (2, "should_deactivate", True),
+        (2, "deactivate_wait_samples", 0),
+        (2, "should_activate_after_step", False),
+        (0, "should_activate_after_step", True),  # only-hybrid: nothing else would generate
+        (2, "should_rebalance", False),
+        (2, "update_after_step", None),
+    ],
+)
+def test_safe_answers(standalone: int, method: str, safe: Any) -> None:
+    assert safe_answer(method, _ctx(standalone)) == safe
+
+
+@pytest.mark.parametrize(
+    ("standalone", "method", "value", "expected"),
+    [
+        (2, "deactivate_wait_samples", 0, 0),
+        (2, "deactivate_wait_samples", 30, 30),  # step_required 20 + buffer 10
+        (2, "deactivate_wait_samples", 31, 30),
+        (0, "deactivate_wait_samples", 5, 20),  # only-hybrid: at least a cycle's samples
+        (0, "should_activate_after_step", False, True),
+        (2, "should_activate_after_step", False, False),
+        (2, "should_deactivate", False, False),
+    ],
+)
+def test_safety_clamps(standalone: int, method: str, value: Any, expected: Any) -> None:
+    new, reason = clamp_answer(method, value, _ctx(standalone))
+    assert new == expected
+    assert bool(reason) == (new != value)

@@ -297,3 +297,28 @@ def test_set_items_parse_as_yaml_and_merge_dotted() -> None:
         apply_overrides(base, {"run..steps": 1})
     with pytest.raises(ConfigError, match=r"--set run.steps: value '\{a: 1' is not valid YAML"):
         parse_set_items(["run.steps={a: 1"])
+
+
+# ---- verl's keys dynres does not model ---------------------------------------------------------------
+
+
+def test_verl_only_keys_are_dropped_whole_sections_named_once():
+    from dynres.core.config import DynresConfig, drop_verl_only_keys, is_verl_key
+
+    data = {
+        "data": {"train_files": "x", "max_prompt_length": 10},
+        "trainer": {"nnodes": 2, "n_gpus_per_node": 8, "total_epochs": 3},
+        "async_training": {"staleness_treshold": 0.5, "use_trainer_do_validate": False},
+        "actor_rollout_ref": {"rollout": {"engine_kwargs": {"vllm": {"anything": 1}}}},
+    }
+    rest, removed = drop_verl_only_keys(data, DynresConfig)
+    assert removed == [
+        "data",
+        "trainer.total_epochs",
+        "async_training.use_trainer_do_validate",
+        "actor_rollout_ref.rollout.engine_kwargs",
+    ]
+    assert rest["trainer"] == {"nnodes": 2, "n_gpus_per_node": 8}
+    assert rest["async_training"] == {"staleness_treshold": 0.5}  # a typo is neither: kept, so validation names it
+    assert is_verl_key("actor_rollout_ref.rollout.engine_kwargs.vllm.anything")  # verl accepts anything below
+    assert not is_verl_key("trainer.total_epoks")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from dynres.core import ScheduleContext
-from dynres.core.hookspecs import DECISION_HOOKS, OBSERVER_HOOKS
+from dynres.core.hookspecs import DECISION_HOOKS, OBSERVER_HOOKS, RESOLUTION_HOOKS
 
 POLICY_API = Path(__file__).resolve().parents[3] / "docs" / "policy-api.md"
 
@@ -22,7 +22,7 @@ def table_keys(text: str) -> set[str]:
 
 def test_every_hook_spec_is_documented() -> None:
     documented = table_keys(POLICY_API.read_text(encoding="utf-8"))
-    missing = [h for h in DECISION_HOOKS + OBSERVER_HOOKS if h not in documented]
+    missing = [h for h in DECISION_HOOKS + OBSERVER_HOOKS + RESOLUTION_HOOKS if h not in documented]
     assert not missing, f"docs/policy-api.md has no table row for hook(s) {missing}"
 
 

@@ -280,3 +280,75 @@ def test_file_path_errors_name_the_file_and_the_fix(tmp_path):
         resolve_policy_class(f"{broken}:Never")
     with pytest.raises(PolicyValidationError, match="not a subclass"):
         resolve_policy_class(f"{pol}:Policy.__init__")
+
+
+# ---- Names only a plugin knows: the dynres_resolve_policy hook -----------------------------------
+
+
+class _Claimed(Policy):
+    """A policy only a plugin can name."""
+
+    name = "claimed"
+
+    def should_deactivate(self, ctx):
+        return ctx.is_hybrid_active
+
+    def deactivate_wait_samples(self, ctx):
+        return 0
+
+    def should_activate_after_step(self, ctx):
+        return False
+
+
+def _manager_with(plugin, monkeypatch):
+    from dynres.core import plugins
+
+    real = plugins.get_plugin_manager
+
+    def fake(*, load_plugins=None):
+        pm = real(load_plugins=False)
+        plugins.register_plugin(pm, plugin, name="test-resolver")
+        return pm
+
+    monkeypatch.setattr(plugins, "get_plugin_manager", fake)
+
+
+def test_a_plugin_resolves_names_it_claims_before_module_class_parsing(monkeypatch):
+    from dynres.core import hookimpl
+
+    asked = []
+
+    class Resolver:
+        @hookimpl
+        def dynres_resolve_policy(self, name):
+            asked.append(name)
+            return _Claimed if name.startswith("acme:") else None
+
+    _manager_with(Resolver(), monkeypatch)
+    assert resolve_policy_class("acme:anything") is _Claimed
+    assert load_policy("acme:x").name == "claimed"
+    assert resolve_policy_class("default").name == "default"  # registered names never ask plugins
+    assert asked == ["acme:anything", "acme:x"]
+    with pytest.raises(PolicyImportError, match="no_such_module_q"):
+        resolve_policy_class("no_such_module_q:Cls")  # unclaimed: read as module:Class
+    assert asked[-1] == "no_such_module_q:Cls"
+
+
+def test_a_plugin_answer_is_validated_like_any_policy_class(monkeypatch):
+    from dynres.core import hookimpl
+
+    class Resolver:
+        @hookimpl
+        def dynres_resolve_policy(self, name):
+            return dict
+
+    _manager_with(Resolver(), monkeypatch)
+    with pytest.raises(PolicyValidationError, match="not a subclass of dynres.core.Policy"):
+        resolve_policy_class("acme:x")
+
+
+def test_verl_names_without_the_bridge_name_the_package_to_install(monkeypatch):
+    _manager_with(object(), monkeypatch)  # no plugin answers
+    with pytest.raises(PolicyNotFoundError) as info:
+        resolve_policy_class("verl:default")
+    assert "pip install dynres-verl" in str(info.value) and "\n" not in str(info.value)

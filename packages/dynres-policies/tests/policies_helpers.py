@@ -31,7 +31,8 @@ class ReferenceDefault:
     """The reference algorithm, transcribed from its specification for parity tests.
 
     It keeps the reference's two traits that dynres changes on purpose: the ratio has no lower
-    bound, and the activation gate stores the per-sample estimate as a side effect.
+    bound, and the activation gate stores the per-sample estimate as a side effect (only when the
+    backlog gap is positive: with no gap it answers no before reaching the gate).
     """
 
     def __init__(self, ratio: float = 0.3, *, floor: bool = False) -> None:
@@ -44,12 +45,16 @@ class ReferenceDefault:
         return ctx.is_hybrid_active
 
     def deactivate_wait_samples(self, ctx: ScheduleContext) -> int:
-        return int(ctx.step_required_samples * self.ratio)
+        # verl builds its policy with only_hybrid and then forces the ratio to 1.
+        return int(ctx.step_required_samples * (1.0 if ctx.only_hybrid else self.ratio))
 
     def should_activate_after_step(self, ctx: ScheduleContext) -> bool:
         if ctx.only_hybrid:
             return True
         gap = self.ratio * ctx.step_required_samples - (ctx.total_generated_samples - ctx.expected_samples)
+        if gap <= 0:
+            # verl 0.9.1 answers no before its cost gate, so the estimate is left as it was.
+            return False
         waited_s, waited_n = sum(ctx.step_wait_times), sum(ctx.step_wait_samples)
         if waited_s > 0 and waited_n > 0:
             self.per_sample_time_s = waited_s / waited_n

@@ -236,10 +236,12 @@ def test_only_hybrid_does_not_adapt():
     assert policy.state_dict() == before
 
 
-def test_only_hybrid_still_deactivates_with_the_ratio():
+def test_only_hybrid_waits_for_a_whole_cycle_like_the_reference():
+    # The reference forces its ratio to 1 in an only-hybrid cluster: int(100 x 1.0) samples.
     policy = DefaultPolicy()
     assert policy.should_deactivate(only_hybrid(is_hybrid_active=True)) is True
-    assert policy.deactivate_wait_samples(only_hybrid(is_hybrid_active=True)) == 30
+    assert policy.deactivate_wait_samples(only_hybrid(is_hybrid_active=True)) == 100
+    assert policy.deactivate_wait_samples(only_hybrid(is_hybrid_active=True, required_samples=7)) == 28
 
 
 def test_should_rebalance_says_yes():
@@ -298,6 +300,27 @@ def test_difference_2_decisions_are_side_effect_free():
     near = make_ctx(total_generated_samples=510, expected_samples=500)
     assert ours.should_activate_after_step(near) is True
     assert reference.should_activate_after_step(near) is False  # 20 x 0.5 = 10 s, not > 10 s
+
+
+@pytest.mark.parametrize(
+    ("surplus", "changes"),
+    [(29, True), (30, False), (45, False)],
+    ids=["positive gap: refreshed", "zero gap: kept", "negative gap: kept"],
+)
+def test_difference_2_estimate_changes_only_after_a_positive_gap(surplus, changes):
+    # The reference refreshes its estimate inside the activation gate, which it reaches only
+    # when the backlog gap (0.3 x 100 - surplus) is positive; ours must store the same value.
+    ours, reference = DefaultPolicy(), ReferenceDefault()
+    waited = make_ctx(
+        total_generated_samples=500 + surplus,
+        expected_samples=500,
+        step_wait_times=(2.0, 3.0),
+        step_wait_samples=(4, 6),
+    )
+    assert ours.should_activate_after_step(waited) == reference.should_activate_after_step(waited)
+    ours.update_after_step(waited)
+    reference.update_after_step(waited)
+    assert ours.per_sample_time_s == reference.per_sample_time_s == (0.5 if changes else 1000.0)
 
 
 def test_difference_2_call_order_gives_the_reference_values():

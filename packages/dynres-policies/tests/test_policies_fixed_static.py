@@ -79,6 +79,12 @@ def test_fixed_only_hybrid_always_activates(surplus):
     assert FixedRatioPolicy({"deactivate_ratio": 0.0}).should_activate_after_step(ctx) is True
 
 
+def test_fixed_only_hybrid_waits_for_a_whole_cycle_like_the_reference():
+    # The reference forces its ratio to 1 in an only-hybrid cluster.
+    ctx = make_ctx(num_standalone_replicas=0, is_hybrid_active=True)
+    assert FixedRatioPolicy({"deactivate_ratio": 0.2}).deactivate_wait_samples(ctx) == 100
+
+
 def test_fixed_rebalances_and_keeps_no_state():
     policy = FixedRatioPolicy()
     assert policy.should_rebalance(make_ctx()) is True

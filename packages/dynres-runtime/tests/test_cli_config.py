@@ -111,3 +111,39 @@ def test_run_file_typo_is_one_line(tmp_path: Path) -> None:
     text = (REPO / "examples" / "fake-minimal.yaml").read_text().replace("runtime: local", "runtim: local")
     code, _, err = _check(_file(tmp_path, text))
     assert code == 2 and "unknown key 'engines.runtim' (did you mean 'runtime'?)" in err
+
+
+# ---- A complete verl config ------------------------------------------------------------------------
+
+
+def test_a_verl_config_is_accepted_and_its_other_keys_named_in_one_line() -> None:
+    code, out, err = _check(REPO / "examples" / "verl-fully-async.yaml")
+    assert code == 0, err
+    assert "is a valid dynres config" in out and "8 standalone + 8 hybrid replicas" in out
+    assert "required_samples=32" in out  # ppo_mini_batch_size, a modelled key among verl's
+    (line,) = [ln for ln in err.splitlines() if ln.strip()]
+    assert "ignored 27 verl key(s)" in line and "--strict" in line
+    for key in ("data", "algorithm", "actor_rollout_ref.actor.optim", "trainer.total_epochs"):
+        assert f" {key}," in line or line.endswith(f" {key}"), key
+
+
+def test_strict_rejects_verl_keys_dynres_does_not_model() -> None:
+    res = CliRunner().invoke(main, ["config", "check", "--strict", str(REPO / "examples" / "verl-fully-async.yaml")])
+    assert res.exit_code == 2
+    assert "unknown key 'data'" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+
+
+def test_typos_in_a_verl_config_are_still_errors(tmp_path: Path) -> None:
+    text = (REPO / "examples" / "verl-fully-async.yaml").read_text()
+    code, _, err = _check(_file(tmp_path, text.replace("staleness_threshold", "staleness_treshold")))
+    assert code == 2 and "did you mean 'staleness_threshold'" in err
+    code, _, err = _check(_file(tmp_path, text.replace("total_epochs", "total_epoks")))
+    assert code == 2 and "trainer.total_epoks" in err  # not verl's key either
+
+
+def test_a_verl_config_around_a_run_file(tmp_path: Path) -> None:
+    run = (REPO / "examples" / "fake-minimal.yaml").read_text()
+    extra = "data:\n  train_files: x.parquet\nalgorithm:\n  adv_estimator: grpo\n"
+    code, out, err = _check(_file(tmp_path, run + extra))
+    assert code == 0, err
+    assert "is a valid dynres run file" in out and "ignored 2 verl key(s)" in err

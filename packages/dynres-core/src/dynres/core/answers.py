@@ -20,9 +20,12 @@ numpy is recognised by the value's module and dtype, so this module does not imp
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-__all__ = ["ANSWERS", "AnswerSpec", "CheckedAnswer", "check_answer"]
+if TYPE_CHECKING:
+    from dynres.core.context import ScheduleContext
+
+__all__ = ["ANSWERS", "AnswerSpec", "CheckedAnswer", "check_answer", "clamp_answer", "safe_answer"]
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,41 @@ def check_answer(method: str, value: Any) -> CheckedAnswer:
     elif value is None:
         return CheckedAnswer(None, True, "")
     return CheckedAnswer(value, False, f"expected {spec.describe()}, got {type_name(value)}")
+
+
+def safe_answer(method: str, ctx: ScheduleContext) -> Any:
+    """The safe fallback of ``method`` (the table's last column) for a policy that failed on ``ctx``."""
+    if method == "should_deactivate":
+        return True
+    if method == "deactivate_wait_samples":
+        return 0
+    if method == "should_activate_after_step":
+        return ctx.only_hybrid
+    if method == "should_rebalance":
+        return False
+    return None
+
+
+def clamp_answer(method: str, value: Any, ctx: ScheduleContext) -> tuple[Any, str]:
+    """Apply the safety clamp of ``method`` to a checked (or fallback) answer; return ``(value, reason)``.
+
+    ``deactivate_wait_samples`` stays in ``[step_required, step_required + buffer]`` in an
+    only-hybrid cluster (the trainer's GPUs are the only producers: they must make at least one
+    cycle's samples before going back) and in ``[0, step_required + buffer]`` otherwise (the queue
+    never holds more, so a longer wait would never end); ``should_activate_after_step`` is True in
+    an only-hybrid cluster, for the same reason. ``reason`` is '' when the value is unchanged.
+    Used by the dynres runtime and by dynres-verl's adapter inside verl.
+    """
+    if method == "deactivate_wait_samples":
+        lo = ctx.step_required_samples if ctx.only_hybrid else 0
+        hi = ctx.step_required_samples + ctx.buffer_samples
+        if value < lo:
+            return lo, f"only-hybrid cluster: wait for at least step_required={lo}"
+        if value > hi:
+            return hi, f"never wait for more than step_required + buffer = {hi}"
+    elif method == "should_activate_after_step" and ctx.only_hybrid and not value:
+        return True, "only-hybrid cluster: nothing else could generate"
+    return value, ""
 
 
 def type_name(value: Any) -> str:

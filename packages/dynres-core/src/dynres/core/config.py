@@ -16,7 +16,9 @@ The layout follows verl's training config so that its keys can be copied unchang
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Mapping, Sequence
+from importlib import resources
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -227,6 +229,66 @@ def validate_model(model: type[M], data: Any, source: str = "") -> M:
         return model.model_validate(dict(data))
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc, model, source)) from None
+
+
+@functools.cache
+def verl_keys() -> tuple[frozenset[str], frozenset[str]]:
+    """verl's config keys as dotted paths, and those under which verl accepts any key (``.*`` lines).
+
+    Read from ``verl_keys.txt`` (the keys of verl's composed fully-async trainer configs, written
+    by ``scripts/dev/gen-verl-keys.py``).
+    """
+    text = resources.files("dynres.core").joinpath("verl_keys.txt").read_text(encoding="utf-8")
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith("#")]
+    return frozenset(ln for ln in lines if not ln.endswith(".*")), frozenset(
+        ln[:-2] for ln in lines if ln.endswith(".*")
+    )
+
+
+def is_verl_key(dotted: str) -> bool:
+    """True when ``dotted`` (e.g. ``trainer.total_epochs``) is a key of verl's fully-async trainer config."""
+    keys, open_prefixes = verl_keys()
+    if dotted in keys:
+        return True
+    parts = dotted.split(".")
+    return any(".".join(parts[:i]) in open_prefixes for i in range(1, len(parts)))
+
+
+def drop_verl_only_keys(data: Any, model: type[BaseModel]) -> tuple[Any, list[str]]:
+    """Remove the keys of verl's config that ``model`` does not model; return ``(rest, removed)``.
+
+    ``removed`` holds dotted keys, a whole removed section once (``data``, not each key in it).
+    Keys that are neither modelled nor verl's stay, so validation still rejects a typo and names
+    the nearest valid key. Lets a complete verl config be read by dynres without ``--strict``.
+    """
+    removed: list[str] = []
+
+    def walk(node: Any, current: Any, prefix: str) -> Any:
+        fields = getattr(current, "model_fields", None)
+        if not isinstance(node, Mapping) or not fields:
+            return node
+        kept: dict[str, Any] = {}
+        for key, value in node.items():
+            path = f"{prefix}{key}"
+            if key in fields:
+                kept[key] = walk(value, fields[key].annotation, path + ".")
+            elif isinstance(key, str) and is_verl_key(path):
+                removed.append(path)
+            else:
+                kept[key] = value
+        return kept
+
+    return walk(data, model, ""), removed
+
+
+def ignored_verl_keys_line(removed: Sequence[str], source: str = "") -> str:
+    """The one informational line naming the verl keys dynres ignored ('' when none were)."""
+    if not removed:
+        return ""
+    where = f"{source}: " if source else ""
+    return f"{where}ignored {len(removed)} verl key(s) dynres does not model (--strict rejects them): " + ", ".join(
+        removed
+    )
 
 
 def read_yaml(path: str | Path) -> Any:

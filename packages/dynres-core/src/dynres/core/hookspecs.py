@@ -26,6 +26,9 @@ runtime acts on it: against the table of valid answers, :data:`dynres.core.answe
 **Observer hooks** (all implementations are called, results ignored): a decision was made, the
 controller changed state, metrics were emitted. Use them for exporters and logging.
 
+**Resolution hook** (``firstresult``): ``dynres_resolve_policy`` lets a plugin answer for policy
+names the built-in resolver cannot place (dynres-verl answers ``verl:<name>``).
+
 Plugins are discovered through the ``dynres.plugins`` entry-point group (set the environment
 variable ``DYNRES_DISABLE_PLUGIN_AUTOLOAD=1`` to skip that) or registered by hand on a manager
 from :func:`dynres.core.get_plugin_manager`. Hook arguments are passed by keyword; an
@@ -40,6 +43,7 @@ import pluggy
 
 if TYPE_CHECKING:
     from dynres.core.context import ScheduleContext
+    from dynres.core.policy import Policy
 
 PROJECT_NAME = "dynres"
 """The pluggy project name shared by the markers and the plugin manager."""
@@ -156,6 +160,26 @@ def dynres_metrics_emitted(step: int, metrics: dict[str, float]) -> None:
     """
 
 
+# ---- Resolution hook -----------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def dynres_resolve_policy(name: str) -> type[Policy] | None:
+    """Return the policy class for a name that only a plugin knows, or ``None`` to pass.
+
+    :func:`dynres.core.loading.resolve_policy_class` (the one resolver behind ``--policy``,
+    ``dynamic_schedule_policy`` and ``pytest --dynres-policy``) calls this before it reads a name
+    as ``module:Class`` or looks it up in the ``dynres.policies`` entry points, so a plugin can
+    claim a prefix of its own (dynres-verl claims ``verl:<name>``). Return ``None`` for names
+    the plugin does not own; raise a :class:`dynres.core.errors.PolicyError` with a one-line
+    message naming the fix when the name is the plugin's but cannot be resolved. The returned
+    class is validated like any other policy class.
+
+    :param name: the policy name as the user wrote it, stripped of surrounding spaces.
+    :return: a :class:`~dynres.core.policy.Policy` subclass, or ``None``.
+    """
+
+
 DECISION_HOOKS: tuple[str, ...] = (
     "dynres_should_deactivate",
     "dynres_deactivate_wait_samples",
@@ -171,3 +195,6 @@ OBSERVER_HOOKS: tuple[str, ...] = (
     "dynres_metrics_emitted",
 )
 """Names of the observer hooks."""
+
+RESOLUTION_HOOKS: tuple[str, ...] = ("dynres_resolve_policy",)
+"""Names of the hooks the policy resolver consults."""

@@ -178,7 +178,11 @@ def import_from_file(spec: str, *, what: str = "policy") -> Any:
 
 
 def resolve_policy_class(spec: str | type[Policy]) -> type[Policy]:
-    """Return the Policy class for a registered name, ``module:Class``, ``path/to/file.py:Class`` or a class."""
+    """Return the Policy class a policy name stands for, or validate a class.
+
+    Names: a registered name, a name a plugin claims through ``dynres_resolve_policy``
+    (``verl:<name>``), ``module:Class`` or ``path/to/file.py:Class``.
+    """
     if isinstance(spec, type):
         return validate_policy_class(spec)
     if not isinstance(spec, str) or not spec.strip():
@@ -186,12 +190,39 @@ def resolve_policy_class(spec: str | type[Policy]) -> type[Policy]:
     spec = spec.strip()
     if ":" not in spec:
         return policy_entry(spec).load()
+    claimed = resolve_by_plugin(spec)
+    if claimed is not None:
+        return claimed
     head = spec.rpartition(":")[0]
     if head.endswith(".py"):
         obj = import_from_file(spec, what="policy")
         return validate_policy_class(obj, where=f"file path {spec!r}")
     obj = import_object(spec, what="policy", error=PolicyImportError)
     return validate_policy_class(obj, where=f"import path {spec!r}")
+
+
+VERL_PREFIX = "verl:"
+"""Prefix of verl's own policies (``verl:default``), answered by dynres-verl's plugin."""
+
+
+def resolve_by_plugin(spec: str) -> type[Policy] | None:
+    """Ask the ``dynres_resolve_policy`` hook of the installed plugins about ``spec``; None if none claims it.
+
+    A ``verl:<name>`` that no plugin claims raises PolicyNotFoundError naming ``pip install
+    dynres-verl``, instead of being read as the attribute ``<name>`` of a module ``verl``.
+    """
+    from dynres.core.plugins import autoload_disabled, get_plugin_manager
+
+    obj = get_plugin_manager().hook.dynres_resolve_policy(name=spec)
+    if obj is not None:
+        return validate_policy_class(obj, where=f"the plugin that resolved {spec!r}")
+    if spec.startswith(VERL_PREFIX):
+        why = " (plugin autoloading is off: DYNRES_DISABLE_PLUGIN_AUTOLOAD)" if autoload_disabled() else ""
+        raise PolicyNotFoundError(
+            f"policy {spec!r} names one of verl's own policies, which needs the dynres-verl bridge{why}; "
+            "install it with `pip install dynres-verl`"
+        )
+    return None
 
 
 def load_policy(spec: str | type[Policy], params: Policy.Params | Mapping[str, Any] | None = None) -> Policy:

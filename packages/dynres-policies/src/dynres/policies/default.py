@@ -19,26 +19,37 @@ class DefaultPolicy(Policy):
     Decisions, per sync cycle:
 
     * ``should_deactivate``: whenever hybrid replicas are active.
-    * ``deactivate_wait_samples``: ``int(step_required_samples x ratio)``.
+    * ``deactivate_wait_samples``: ``int(step_required_samples x ratio)``; in an only-hybrid
+      cluster a whole cycle's samples (nothing generates once the hybrid replicas sleep).
     * ``should_activate_after_step``: always in an only-hybrid cluster; otherwise when the
       backlog gap ``ratio x step_required - (total_generated - expected)`` converted to seconds
       with the per-sample time estimate exceeds the mean of the last ``switch_cost_window``
       measured switch costs (``switch_cost_fallback_s`` when none were measured).
     * ``should_rebalance``: yes (the controller only asks when rebalancing is enabled).
-    * ``update_after_step`` (skipped at ``global_steps <= 0`` and in only-hybrid clusters): record
-      the cycle's activate+deactivate time as a switch cost; if the cycle had to wait for samples,
-      raise the ratio by ``clip(waited / step_required, ratio_increase_min, ratio_increase_max)``,
-      else lower it by ``ratio_decrease_step``.
+    * ``update_after_step`` (skipped in only-hybrid clusters): if the backlog gap was positive,
+      refresh the per-sample time estimate from the cycle's waits (``sum(step_wait_times) /
+      sum(step_wait_samples)`` when both are positive); then, unless ``global_steps <= 0``,
+      record the cycle's activate+deactivate time as a switch cost, and if the cycle had to wait
+      for samples raise the ratio by ``clip(waited / step_required, ratio_increase_min,
+      ratio_increase_max)``, else lower it by ``ratio_decrease_step``.
 
-    Deliberate differences from the reference implementation (each has a test):
+    Deliberate differences from the reference implementation (each has a test, and
+    dynres-verl's parity test runs verl's own code against this class):
 
     1. The ratio stays within ``[min_ratio, 1]`` (default ``[0, 1]``); the reference has no lower
-       bound and can drift below zero.
-    2. The per-sample time estimate is stored in ``update_after_step``; the decision methods
-       read it without changing state. The call order (activate, then update, with the same
-       context) gives the same values as the reference, and decisions are repeatable.
+       bound and can drift below zero, after which its waits are negative and its decisions
+       part from these.
+    2. The per-sample time estimate changes exactly where the reference changes it, in a cycle
+       whose backlog gap was positive, but it is stored in ``update_after_step``: the reference
+       stores it inside ``should_activate_after_step``. Both the dynres runtime and verl's
+       trainer call ``update_after_step`` right after ``should_activate_after_step`` with the same
+       context and ratio, so the stored values are equal; the decision methods here never change
+       state, so asking twice gives the same answer.
     3. The estimate and the switch-cost window are part of ``state_dict``, so a resumed run keeps
        what it learned.
+
+    The reference forces its ratio to 1 in an only-hybrid cluster; here the ratio is kept, and
+    only the wait is a whole cycle's samples, which is the one decision that ratio changes there.
     """
 
     name = "default"
@@ -97,14 +108,16 @@ class DefaultPolicy(Policy):
         return ctx.is_hybrid_active
 
     def deactivate_wait_samples(self, ctx: ScheduleContext) -> int:
-        """Wait for ``ratio`` of a cycle's samples before deactivating."""
+        """Wait for ``ratio`` of a cycle's samples before deactivating (a whole cycle's if only-hybrid)."""
+        if ctx.only_hybrid:
+            return ctx.step_required_samples
         return int(ctx.step_required_samples * self.ratio)
 
     def should_activate_after_step(self, ctx: ScheduleContext) -> bool:
         """Activate when the missing backlog would cost more time than a switch."""
         if ctx.only_hybrid:
             return True
-        gap = self.ratio * ctx.step_required_samples - ctx.surplus_samples
+        gap = self.backlog_gap(ctx)
         return max(0.0, gap) * self.estimate_per_sample_time(ctx) > self.switch_cost()
 
     def should_rebalance(self, ctx: ScheduleContext) -> bool:
@@ -115,7 +128,9 @@ class DefaultPolicy(Policy):
         """Learn the per-sample time, the switch cost and the ratio from the finished cycle."""
         if ctx.only_hybrid:
             return
-        self.per_sample_time_s = self.estimate_per_sample_time(ctx)
+        # Computed with the ratio the activation decision used (it changes only below).
+        if self.backlog_gap(ctx) > 0:
+            self.per_sample_time_s = self.estimate_per_sample_time(ctx)
         if ctx.global_steps <= 0:
             return
         switch = ctx.last_activate_duration_s + ctx.last_deactivate_duration_s
@@ -130,6 +145,10 @@ class DefaultPolicy(Policy):
             self.ratio = max(p.min_ratio, self.ratio - p.ratio_decrease_step)
 
     # ---- Estimates ------------------------------------------------------------------------
+
+    def backlog_gap(self, ctx: ScheduleContext) -> float:
+        """Samples the backlog lacks to reach ``ratio`` of a cycle: ``ratio x step_required - surplus``."""
+        return self.ratio * ctx.step_required_samples - ctx.surplus_samples
 
     def estimate_per_sample_time(self, ctx: ScheduleContext) -> float:
         """Seconds of trainer wait per waited-for sample in ``ctx``, else the last estimate."""

@@ -11,7 +11,8 @@ class FixedRatioPolicy(Policy):
     """Like ``default`` without adaptation and without the cost/benefit gate (for ablations).
 
     * ``should_deactivate``: whenever hybrid replicas are active.
-    * ``deactivate_wait_samples``: ``int(step_required_samples x deactivate_ratio)``.
+    * ``deactivate_wait_samples``: ``int(step_required_samples x deactivate_ratio)``; in an
+      only-hybrid cluster a whole cycle's samples (the reference forces its ratio to 1 there).
     * ``should_activate_after_step``: always in an only-hybrid cluster; otherwise when the backlog
       gap ``deactivate_ratio x step_required - (total_generated - expected)`` is positive.
     * ``should_rebalance``: yes. ``update_after_step``: nothing to adapt.
@@ -34,7 +35,9 @@ class FixedRatioPolicy(Policy):
         return ctx.is_hybrid_active
 
     def deactivate_wait_samples(self, ctx: ScheduleContext) -> int:
-        """Wait for ``deactivate_ratio`` of a cycle's samples."""
+        """Wait for ``deactivate_ratio`` of a cycle's samples (a whole cycle's if only-hybrid)."""
+        if ctx.only_hybrid:
+            return ctx.step_required_samples
         return int(ctx.step_required_samples * self.params.deactivate_ratio)
 
     def should_activate_after_step(self, ctx: ScheduleContext) -> bool:

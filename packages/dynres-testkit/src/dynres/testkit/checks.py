@@ -171,7 +171,7 @@ def _import_unvalidated(spec: str) -> object:
     # API defect of a class found by name or path.
     from importlib.metadata import EntryPoint
 
-    from dynres.core.loading import POLICIES_GROUP, import_object, policy_entry
+    from dynres.core.loading import POLICIES_GROUP, import_object, policy_entry, resolve_by_plugin
 
     if ":" not in spec:
         entry = policy_entry(spec)  # raises PolicyNotFoundError listing the installed names
@@ -182,6 +182,10 @@ def _import_unvalidated(spec: str) -> object:
                 f"policy {spec!r} from distribution {entry.distribution!r} ({entry.value}) "
                 f"failed to import: {_exc(exc)}; fix or reinstall {entry.distribution!r}"
             ) from exc
+    # A name a plugin claims (verl:<name> with dynres-verl) comes back already validated.
+    claimed = resolve_by_plugin(spec)
+    if claimed is not None:
+        return claimed
     return import_object(spec, what="policy", error=PolicyImportError)
 
 

@@ -20,18 +20,25 @@ def command() -> None:
 
 @command.command(name="check")
 @click.argument("file", type=click.Path(dir_okay=False))
-def check(file: str) -> None:
-    """Validate FILE (a dynres config, a `dynres run` file or a scenario) and its policy; print OK + a summary."""
+@click.option(
+    "--strict", is_flag=True, help="Reject verl keys dynres does not model (default: ignore them, named in one line)."
+)
+def check(file: str, strict: bool) -> None:
+    """Validate FILE (a dynres config, a `dynres run` file or a scenario) and its policy; print OK + a summary.
+
+    A complete verl fully-async config is a dynres config: the keys dynres models are validated,
+    verl's other keys are ignored and named in one line on stderr (``--strict`` rejects them).
+    """
     from dynres.core.config import read_yaml
 
     data = read_yaml(file)
     keys = set(data) if isinstance(data, Mapping) else set()
     if keys & RUN_KEYS:
-        _check_run(file)
+        _check_run(file, strict)
     elif keys & SCENARIO_KEYS:
         _check_scenario(file)
     else:
-        _check_config(file, data)
+        _check_config(file, data, strict)
 
 
 def _check_policy(async_training: Any) -> str:
@@ -54,10 +61,10 @@ def _check_scenario(file: str) -> None:
     click.echo(f"  policy: {policy}")
 
 
-def _check_run(file: str) -> None:
+def _check_run(file: str, strict: bool) -> None:
     from dynres.runtime.realrun.config import load_run_config
 
-    cfg = load_run_config(file)
+    cfg = load_run_config(file, strict=strict, on_ignored=lambda line: click.echo(line, err=True))
     policy = _check_policy(cfg.async_training)
     eng = cfg.engines
     click.echo(f"OK: {file} is a valid dynres run file")
@@ -68,9 +75,13 @@ def _check_run(file: str) -> None:
     click.echo(f"  policy: {policy}")
 
 
-def _check_config(file: str, data: Any) -> None:
-    from dynres.core.config import DynresConfig, validate_model
+def _check_config(file: str, data: Any, strict: bool) -> None:
+    from dynres.core.config import DynresConfig, drop_verl_only_keys, ignored_verl_keys_line, validate_model
 
+    if not strict:
+        data, removed = drop_verl_only_keys(data, DynresConfig)
+        if removed:
+            click.echo(ignored_verl_keys_line(removed, file), err=True)
     cfg = validate_model(DynresConfig, data, file)
     at = cfg.async_training
     policy = _check_policy(at)

@@ -40,6 +40,9 @@ EXIT_INTERRUPTED = 130
     metavar="KEY=VALUE",
     help="Override any key, dotted (repeatable), e.g. --set engines.runtime=local.",
 )
+@click.option(
+    "--strict", is_flag=True, help="Reject verl keys dynres does not model (default: ignore them, named in one line)."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the RunReport as JSON on stdout.")
 @click.option("--no-progress", is_flag=True, help="No progress bar (cycle lines are still printed).")
 @click.option("--no-plots", is_flag=True, help="Do not write plots.")
@@ -51,6 +54,7 @@ def command(
     policy: str | None,
     address: str | None,
     sets: tuple[str, ...],
+    strict: bool,
     as_json: bool,
     no_progress: bool,
     no_plots: bool,
@@ -71,7 +75,7 @@ def command(
         overrides["async_training.dynamic_schedule_policy"] = policy
     if address is not None:
         overrides["cluster.address"] = address
-    cfg = load_run_config(config, overrides)
+    cfg = load_run_config(config, overrides, strict=strict, on_ignored=lambda line: click.echo(line, err=True))
     load_run_policy(cfg)
     out = Path(out_dir) if out_dir else Path("dynres-runs") / Path(config).stem
     err = Console(stderr=True, highlight=False, soft_wrap=True)

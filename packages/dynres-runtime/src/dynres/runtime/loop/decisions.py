@@ -10,7 +10,8 @@ anything else gets the safe fallback (deactivate; wait 0; activate only in an on
 cluster, where nothing else could generate; do not rebalance); the decision is reported through
 ``dynres_decision_made(fallback=True)``, logged as a warning and counted.
 
-Then the safety clamps, the only place they live (recorded with ``clamped=True`` and a reason):
+Then the safety clamps of :func:`dynres.core.answers.clamp_answer` (recorded with ``clamped=True``
+and a reason; dynres-verl applies the same ones inside verl):
 
 * ``deactivate_wait_samples`` stays in ``[step_required, step_required + buffer]`` in an
   only-hybrid cluster (the trainer's GPUs are the only producers: they must make at least one
@@ -37,7 +38,7 @@ from typing import Any
 import pluggy
 
 from dynres.core import BoundPolicy, ScheduleContext
-from dynres.core.answers import check_answer
+from dynres.core.answers import check_answer, clamp_answer, safe_answer
 from dynres.runtime.loop.clock import wall
 
 logger = logging.getLogger("dynres.runtime.loop.decisions")
@@ -83,41 +84,6 @@ class _DaemonThreadExecutor(concurrent.futures.Executor):
 
         threading.Thread(target=run, name="dynres-policy", daemon=True).start()
         return fut
-
-
-def _safe_value(method: str, ctx: ScheduleContext) -> Any:
-    if method == "should_deactivate":
-        return True
-    if method == "deactivate_wait_samples":
-        return 0
-    if method == "should_activate_after_step":
-        return ctx.only_hybrid
-    if method == "should_rebalance":
-        return False
-    return None
-
-
-def _clamp_wait(value: int, ctx: ScheduleContext) -> tuple[int, str]:
-    lo = ctx.step_required_samples if ctx.only_hybrid else 0
-    hi = ctx.step_required_samples + ctx.buffer_samples
-    if value < lo:
-        return lo, f"only-hybrid cluster: wait for at least step_required={lo}"
-    if value > hi:
-        return hi, f"never wait for more than step_required + buffer = {hi}"
-    return value, ""
-
-
-def _clamp_activate(value: bool, ctx: ScheduleContext) -> tuple[bool, str]:
-    if ctx.only_hybrid and not value:
-        return True, "only-hybrid cluster: nothing else could generate"
-    return value, ""
-
-
-_CLAMPS: dict[str, Callable[[Any, ScheduleContext], tuple[Any, str]]] = {
-    "deactivate_wait_samples": _clamp_wait,
-    "should_activate_after_step": _clamp_activate,
-}
-"""Policy method -> safety clamp ``(value, ctx) -> (value, reason)`` (see the module docs)."""
 
 
 class DecisionGuard:
@@ -194,7 +160,7 @@ class DecisionGuard:
         self.wall_s += elapsed
         fallback = bool(reason)
         if fallback:
-            value = _safe_value(method, ctx)
+            value = safe_answer(method, ctx)
             self.fallbacks += 1
             logger.warning(
                 "policy %r %s at global_steps=%d: %s; using the safe value %r and continuing",
@@ -208,13 +174,11 @@ class DecisionGuard:
             assert checked is not None  # no reason: the answer was checked and found valid
             value = checked.value
         clamped = False
-        clamp = _CLAMPS.get(method)
-        if clamp is not None:
-            new, why = clamp(value, ctx)
-            if new != value:
-                logger.info("policy %r %s: %r clamped to %r: %s", self.policy.name, method, value, new, why)
-                value, clamped = new, True
-                reason = (reason + "; " if reason else "") + why
+        new, why = clamp_answer(method, value, ctx)
+        if new != value:
+            logger.info("policy %r %s: %r clamped to %r: %s", self.policy.name, method, value, new, why)
+            value, clamped = new, True
+            reason = (reason + "; " if reason else "") + why
         record = DecisionRecord(
             method=method,
             value=value,

@@ -18,13 +18,21 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, create_model, model_validator
 
-from dynres.core.config import DynresConfig, StrictModel, apply_overrides, read_yaml, validate_model
+from dynres.core.config import (
+    DynresConfig,
+    StrictModel,
+    apply_overrides,
+    drop_verl_only_keys,
+    ignored_verl_keys_line,
+    read_yaml,
+    validate_model,
+)
 from dynres.core.errors import ConfigError
 from dynres.runtime.backends.ray.cluster import RayClusterConfig
 
@@ -133,8 +141,18 @@ class RunConfig(DynresConfig):
         return self.engines.rollout == "vllm" or self.engines.trainer == "torch"
 
 
-def load_run_config(source: str | Path | Mapping[str, Any], overrides: Mapping[str, Any] | None = None) -> RunConfig:
-    """Load and validate a run file (or mapping); ``overrides`` are dotted keys, e.g. {"run.steps": 2}."""
+def load_run_config(
+    source: str | Path | Mapping[str, Any],
+    overrides: Mapping[str, Any] | None = None,
+    *,
+    strict: bool = True,
+    on_ignored: Callable[[str], Any] | None = None,
+) -> RunConfig:
+    """Load and validate a run file (or mapping); ``overrides`` are dotted keys, e.g. {"run.steps": 2}.
+
+    ``strict=False`` accepts a complete verl config around the run sections: verl's keys dynres
+    does not model are dropped and named in one line passed to ``on_ignored``.
+    """
     data = source if isinstance(source, Mapping) else read_yaml(source)
     name = "config" if isinstance(source, Mapping) else str(source)
     if data is not None and not isinstance(data, Mapping):
@@ -143,6 +161,10 @@ def load_run_config(source: str | Path | Mapping[str, Any], overrides: Mapping[s
         data = apply_overrides(data or {}, overrides)
     except ConfigError as exc:
         raise ConfigError(f"{name}: {exc}") from None
+    if not strict:
+        data, removed = drop_verl_only_keys(data, RunConfig)
+        if removed and on_ignored is not None:
+            on_ignored(ignored_verl_keys_line(removed, name))
     return validate_model(RunConfig, data, name)
 
 

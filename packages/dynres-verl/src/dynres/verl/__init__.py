@@ -1,0 +1,9 @@
+"""dynres-verl: dynres policies inside verl's fully-async trainer, verl's policies inside dynres.
+
+Nothing here imports verl at import time: :mod:`dynres.verl.plugin` (verl's ``verl.plugins``
+entry point) registers ``dynres:<name>`` adapters (:mod:`dynres.verl.adapter`), and
+:mod:`dynres.verl.hooks` (a ``dynres.plugins`` entry point) resolves ``verl:<name>`` to a wrapper
+(:mod:`dynres.verl.wrapper`).
+"""
+
+__version__ = "0.1.0"

@@ -1,0 +1,138 @@
+"""Context translation between verl's ``DynamicScheduleContext`` and dynres's ``ScheduleContext``.
+
+verl hands its policies a mutable dataclass plus ``global_steps`` and ``is_hybrid_active``;
+dynres hands one frozen :class:`~dynres.core.ScheduleContext`. :class:`VerlContextReader` turns
+the former into the latter (the adapter, dynres policies inside verl) and
+:func:`to_verl_context` goes the other way (the wrapper, verl's policies inside dynres).
+
+What verl does not tell a policy, and what the reader puts there instead (docs/verl.md lists
+the same):
+
+* ``queue_size``, ``in_flight_samples``, ``consumption_rate``, ``last_train_time_s``: 0, the
+  documented "unknown" value.
+* ``now``: seconds on the adapter's own monotonic clock since the adapter was built.
+* ``generation_rate`` and ``last_cycle_time_s``: from the deltas of ``total_generated_samples``
+  and of the clock between two ``update_after_step`` calls (0 before the second one).
+* ``staleness_threshold``: ``buffer_samples / step_required_samples`` once verl has filled
+  ``buffer_samples`` (its trainer does at the first weight sync); the last such value after
+  that; 0.0 before.
+* replica counts: asked from the rollouter verl injects (``_rollouter``) when it answers;
+  otherwise 0 standalone in an only-hybrid cluster, else 1, and 1 hybrid replica (the least a
+  cluster with hybrid replicas has).
+* ``last_activate_duration_s`` / ``last_deactivate_duration_s``: verl's values unchanged, i.e.
+  the switch time accumulated in the current sync cycle (0 in a cycle without that switch).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+from dynres.core import ScheduleContext
+
+
+def _finite(x: Any, default: float = 0.0) -> float:
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return default
+    return v if math.isfinite(v) and v >= 0 else default
+
+
+class VerlContextReader:
+    """Builds ScheduleContexts from verl contexts, keeping the clock and deltas between calls."""
+
+    def __init__(self, *, only_hybrid: bool, clock: Callable[[], float] = time.monotonic) -> None:
+        """Read contexts of a cluster that is only-hybrid or not; ``clock`` returns seconds."""
+        self.only_hybrid = only_hybrid
+        """True when the cluster has no standalone replicas (verl's ``only_hybrid`` kwarg)."""
+        self.num_standalone_replicas = 0 if only_hybrid else 1
+        """Standalone replicas (count; 1 = at least one, until the rollouter answers)."""
+        self.num_hybrid_replicas = 1
+        """Hybrid replicas (count; 1 = at least one, until the rollouter answers)."""
+        self.staleness_threshold = 0.0
+        """Last staleness derived from verl's buffer_samples (fraction of a cycle)."""
+        self.generation_rate = 0.0
+        """Samples finished per second between the two latest updates (0 = unknown)."""
+        self.last_cycle_time_s = 0.0
+        """Seconds between the two latest updates (0 = unknown)."""
+        self._clock = clock
+        self._t0 = clock()
+        self._last_update: tuple[float, int] | None = None
+
+    def now(self) -> float:
+        """Seconds since the reader was built, on its clock."""
+        return max(0.0, self._clock() - self._t0)
+
+    def set_replica_counts(self, standalone: int, hybrid: int) -> None:
+        """Use the rollouter's replica counts (ignored when they contradict the cluster's kind)."""
+        if standalone < 0 or hybrid < 1 or (standalone == 0) != self.only_hybrid:
+            return
+        self.num_standalone_replicas, self.num_hybrid_replicas = standalone, hybrid
+
+    def read(self, ctx: Any, *, global_steps: int, is_hybrid_active: bool) -> ScheduleContext:
+        """Return the ScheduleContext for verl's ``ctx`` at ``global_steps`` (fields verl lacks: see module doc)."""
+        required = max(1, int(ctx.required_samples))
+        trigger = max(1, int(ctx.trigger_parameter_sync_step))
+        buffer = _finite(getattr(ctx, "buffer_samples", 0.0))
+        if buffer > 0:
+            self.staleness_threshold = buffer / (required * trigger)
+        waits = list(getattr(ctx, "step_wait_times", None) or ())
+        counts = list(getattr(ctx, "step_wait_samples", None) or ())
+        n = min(len(waits), len(counts))  # verl fills both per collection; trim a ragged pair
+        active_total = self.num_standalone_replicas + (self.num_hybrid_replicas if is_hybrid_active else 0)
+        return ScheduleContext(
+            global_steps=max(0, int(global_steps)),
+            now=self.now(),
+            required_samples=required,
+            trigger_parameter_sync_step=trigger,
+            staleness_threshold=self.staleness_threshold,
+            total_generated_samples=max(0, int(ctx.total_generated_samples)),
+            expected_samples=max(0, int(ctx.expected_samples)),
+            step_wait_times=tuple(_finite(t) for t in waits[:n]),
+            step_wait_samples=tuple(max(0, int(s)) for s in counts[:n]),
+            is_hybrid_active=bool(is_hybrid_active),
+            num_standalone_replicas=self.num_standalone_replicas,
+            num_hybrid_replicas=self.num_hybrid_replicas,
+            num_active_replicas=active_total,
+            last_activate_duration_s=_finite(getattr(ctx, "last_activate_duration_s", 0.0)),
+            last_deactivate_duration_s=_finite(getattr(ctx, "last_deactivate_duration_s", 0.0)),
+            generation_rate=self.generation_rate,
+            last_cycle_time_s=self.last_cycle_time_s,
+        )
+
+    def end_cycle(self, ctx: Any) -> None:
+        """Note an ``update_after_step`` call: refresh the cycle time and generation rate."""
+        t, generated = self.now(), max(0, int(ctx.total_generated_samples))
+        if self._last_update is not None:
+            dt = t - self._last_update[0]
+            if dt > 0:
+                self.last_cycle_time_s = dt
+                self.generation_rate = max(0, generated - self._last_update[1]) / dt
+        self._last_update = (t, generated)
+
+
+def to_verl_context(ctx: ScheduleContext, *, activate_s: float, deactivate_s: float) -> Any:
+    """Return verl's ``DynamicScheduleContext`` for ``ctx``, with the cycle's switch times given.
+
+    ``buffer_samples`` is ``step_required_samples x staleness_threshold`` unrounded, as verl's
+    trainer computes it; ``activate_s`` / ``deactivate_s`` are the seconds of the switches that
+    belong to this cycle (verl's accumulate-and-reset convention, see the wrapper).
+    """
+    from dynres.verl._verl import schedule_module
+
+    cls = schedule_module().DynamicScheduleContext
+    return cls(
+        required_samples=ctx.required_samples,
+        trigger_parameter_sync_step=ctx.trigger_parameter_sync_step,
+        total_generated_samples=ctx.total_generated_samples,
+        expected_samples=ctx.expected_samples,
+        buffer_samples=ctx.step_required_samples * ctx.staleness_threshold,
+        step_wait_times=list(ctx.step_wait_times),
+        step_wait_samples=list(ctx.step_wait_samples),
+        only_hybrid=ctx.only_hybrid,
+        last_activate_duration_s=activate_s,
+        last_deactivate_duration_s=deactivate_s,
+    )
