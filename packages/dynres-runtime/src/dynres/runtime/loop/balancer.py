@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from dynres.core.errors import BackendError, ReplicaUnavailableError, RuntimeStateError
+from dynres.runtime.loop.gcpolicy import defer_full_collections, resume_full_collections
 from dynres.runtime.protocols import GenerationRequest, GenerationResult, Replica
 
 logger = logging.getLogger("dynres.runtime.loop.balancer")
@@ -124,6 +125,7 @@ class LoadBalancer:
         self._retry_budget = self.retry_batch
         self._retry_waiters: deque[asyncio.Future[None]] = deque()
         self._retry_pump_scheduled = False
+        self._retry_stretch = False
 
     # ---- Membership -------------------------------------------------------------------------
 
@@ -369,6 +371,11 @@ class LoadBalancer:
 
     def _schedule_retry_pump(self) -> None:
         if not self._retry_pump_scheduled:
+            if not self._retry_stretch:
+                # Retries come in bursts (a deactivation or rebalance aborts thousands at once);
+                # no full collection until the burst is routed (see loop/gcpolicy.py).
+                self._retry_stretch = True
+                defer_full_collections()
             self._retry_pump_scheduled = True
             asyncio.get_running_loop().call_soon(self._retry_pump)
 
@@ -385,6 +392,9 @@ class LoadBalancer:
                 self._retry_budget -= 1
         if waiters or self._retry_budget < self.retry_batch:
             self._schedule_retry_pump()
+        elif self._retry_stretch:
+            self._retry_stretch = False
+            resume_full_collections()
 
     def _retry_request(self, req: GenerationRequest, result: GenerationResult) -> GenerationRequest:
         if self.partial_rollout and len(result.token_ids) > 0:
