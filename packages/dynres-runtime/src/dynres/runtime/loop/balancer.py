@@ -25,6 +25,7 @@ import random
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from itertools import islice
 
 from dynres.core.errors import BackendError, ReplicaUnavailableError, RuntimeStateError
 from dynres.runtime.loop.gcpolicy import defer_full_collections, resume_full_collections
@@ -218,11 +219,22 @@ class LoadBalancer:
                 self._sticky[request_id] = (rid, self._epoch[rid])
                 if len(self._sticky) > self.sticky_capacity:
                     self._sticky.popitem(last=False)
-        c = self._count[rid]
-        self._bucket_remove(rid, c)
-        self._bucket_add(rid, c + 1)
-        self._count[rid] = c + 1
-        if c == self._min and not self._buckets[c]:
+        # The bucket moves of _bucket_remove/_bucket_add, inlined: this runs once per decision.
+        count, pos, buckets = self._count, self._pos, self._buckets
+        c = count[rid]
+        b = buckets[c]
+        i = pos[rid]
+        last = b.pop()
+        if last != rid:
+            b[i] = last
+            pos[last] = i
+        if len(buckets) == c + 1:
+            buckets.append([])
+        up = buckets[c + 1]
+        pos[rid] = len(up)
+        up.append(rid)
+        count[rid] = c + 1
+        if c == self._min and not b:
             self._min = c + 1
         self._running[request_id] = rid
         self._by_replica[rid][request_id] = None
@@ -253,9 +265,17 @@ class LoadBalancer:
             return
         if c <= 0:
             raise RuntimeStateError(f"in-flight count of replica {rid!r} would go negative")
-        self._bucket_remove(rid, c)
-        self._bucket_add(rid, c - 1)
-        self._count[rid] = c - 1
+        count, pos, buckets = self._count, self._pos, self._buckets
+        b = buckets[c]
+        i = pos[rid]
+        last = b.pop()
+        if last != rid:
+            b[i] = last
+            pos[last] = i
+        down = buckets[c - 1]
+        pos[rid] = len(down)
+        down.append(rid)
+        count[rid] = c - 1
         if c - 1 < self._min:
             self._min = c - 1
 
@@ -452,9 +472,11 @@ class LoadBalancer:
         plan: dict[str, list[str]] = {}
         for rid, c in self._count.items():
             if c > target:
-                running = list(self._by_replica.get(rid, ()))
-                plan[rid] = running[len(running) - (c - target) :]
-                self.forget_sticky(plan[rid])
+                # The newest c - target, oldest first, without copying the replica's whole list.
+                newest = list(islice(reversed(self._by_replica[rid]), c - target))
+                newest.reverse()
+                plan[rid] = newest
+                self.forget_sticky(newest)
         self.counters.rebalanced += sum(len(v) for v in plan.values())
         return plan
 
