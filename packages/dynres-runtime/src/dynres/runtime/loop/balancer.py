@@ -25,7 +25,7 @@ import random
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from itertools import islice
+from itertools import islice, repeat
 
 from dynres.core.errors import BackendError, ReplicaUnavailableError, RuntimeStateError
 from dynres.runtime.loop.gcpolicy import defer_full_collections, resume_full_collections
@@ -116,6 +116,8 @@ class LoadBalancer:
         # replica id -> its running request ids, oldest first (dict keeps insertion order).
         self._by_replica: dict[str, dict[str, None]] = {}
         self._sticky: OrderedDict[str, tuple[str, int]] = OrderedDict()
+        # Requests a rebalance moves: their sticky entries no longer count (see plan_rebalance).
+        self._unstick: set[str] = set()
         self._tasks: dict[str, asyncio.Task[object]] = {}
         self._evicting: set[str] = set()
         self._completed: set[str] = set()
@@ -206,6 +208,11 @@ class LoadBalancer:
             raise ReplicaUnavailableError(f"no replica is routable for request {request_id!r}; add a replica first")
         rid = None
         sticky = self._sticky.get(request_id)
+        if self._unstick and request_id in self._unstick:
+            self._unstick.discard(request_id)
+            if sticky is not None:
+                del self._sticky[request_id]
+                sticky = None
         if sticky is not None:
             if self._epoch.get(sticky[0]) == sticky[1]:
                 rid = sticky[0]
@@ -315,14 +322,14 @@ class LoadBalancer:
     def sticky_replica(self, request_id: str) -> str | None:
         """The replica ``request_id`` would stick to, or None (no entry, or its replica left)."""
         entry = self._sticky.get(request_id)
-        if entry is None or self._epoch.get(entry[0]) != entry[1]:
+        if entry is None or self._epoch.get(entry[0]) != entry[1] or request_id in self._unstick:
             return None
         return entry[0]
 
     def forget_sticky(self, request_ids: Iterable[str]) -> None:
         """Drop the sticky entries of ``request_ids`` (they route by load next time)."""
-        for req in request_ids:
-            self._sticky.pop(req, None)
+        # Looped in C (a rebalance forgets tens of thousands at once, inside one loop iteration).
+        deque(map(self._sticky.pop, request_ids, repeat(None)), maxlen=0)
 
     # ---- Generation with retry ------------------------------------------------------------
 
@@ -470,13 +477,18 @@ class LoadBalancer:
         total = sum(self._count.values())
         target = -(-total // n)
         plan: dict[str, list[str]] = {}
+        # Entries of an earlier plan whose requests are gone would never be routed again.
+        self._unstick = {r for r in self._unstick if r in self._running}
         for rid, c in self._count.items():
             if c > target:
                 # The newest c - target, oldest first, without copying the replica's whole list.
                 newest = list(islice(reversed(self._by_replica[rid]), c - target))
                 newest.reverse()
                 plan[rid] = newest
-                self.forget_sticky(newest)
+                # Their sticky entries are dropped when they are routed again (route() checks
+                # this set), not here: one set update instead of tens of thousands of LRU pops
+                # inside this one loop iteration.
+                self._unstick.update(newest)
         self.counters.rebalanced += sum(len(v) for v in plan.values())
         return plan
 
