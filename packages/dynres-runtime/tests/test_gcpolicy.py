@@ -152,3 +152,12 @@ def test_transitions_and_retry_bursts_defer_full_collections() -> None:
 
     asyncio.run(main())
     assert seen == {"activate": True, "deactivate": True, "retries": True, "after": False}
+
+
+def test_the_last_run_ends_a_deferral_its_loop_left_open() -> None:
+    before = gc.get_threshold()
+    with run_gc_policy():
+        no_full_collection().__enter__()  # a retry burst whose loop closed before it was routed
+        assert full_collections_deferred()
+    assert not full_collections_deferred()
+    assert gc.get_threshold() == before

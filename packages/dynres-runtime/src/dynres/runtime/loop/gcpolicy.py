@@ -44,6 +44,11 @@ def run_gc_policy() -> Iterator[None]:
         _state["runs"] -= 1
         if _state["runs"] == 0:
             gc.unfreeze()
+            if _state["deferrals"]:
+                # A balancer whose loop closed mid-burst never ends its stretch; the process
+                # must not keep full collections off after the last run.
+                _state["deferrals"] = 1
+                resume_full_collections()
 
 
 def defer_full_collections() -> None:
