@@ -12,7 +12,7 @@ failure message must contain.
 
 from __future__ import annotations
 
-import gc
+import asyncio
 import itertools
 import signal
 import threading
@@ -290,7 +290,7 @@ class SampleDroppingPolicy(_Sound):
 
     A policy that keeps to the API cannot lose a sample (the runtime owns them all), so this one
     breaks the API's first rule instead: from the runtime's worker thread, it finds the message
-    queue through the garbage collector and discards a sample, once per cycle. It stands in for
+    queue through the rollouter's running task and discards a sample, once per cycle. It stands in for
     any defect, in a policy or in the runtime, that loses work during a run.
     """
 
@@ -300,11 +300,22 @@ class SampleDroppingPolicy(_Sound):
         """Drop one queued sample, when called from inside a run (the sabotage)."""
         if threading.current_thread() is threading.main_thread():
             return  # not inside the runtime: behave
-        for obj in gc.get_objects():
-            if type(obj).__name__ == "MessageQueue" and getattr(obj, "_items", None):
-                sample = obj._items.pop()
-                obj._forget_version(sample.start_version)
-                return
+        # Not through gc.get_objects(): the runtime freezes its start-up objects (the queue
+        # among them) for the run, and frozen objects are not listed there.
+        for _ in range(3):
+            try:
+                tasks = list(asyncio.tasks._all_tasks)  # the loop thread may add one meanwhile
+            except RuntimeError:
+                continue
+            for task in tasks:
+                frame = getattr(task.get_coro(), "cr_frame", None)
+                owner = frame.f_locals.get("self") if frame is not None else None
+                queue = getattr(owner, "queue", None)
+                if type(queue).__name__ == "MessageQueue" and getattr(queue, "_items", None):
+                    sample = queue._items.pop()
+                    queue._forget_version(sample.start_version)
+                    return
+            return
 
 
 class HoardingPolicy(_Sound):

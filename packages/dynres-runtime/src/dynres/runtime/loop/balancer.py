@@ -25,8 +25,10 @@ import random
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from itertools import islice, repeat
 
 from dynres.core.errors import BackendError, ReplicaUnavailableError, RuntimeStateError
+from dynres.runtime.loop.gcpolicy import defer_full_collections, resume_full_collections
 from dynres.runtime.protocols import GenerationRequest, GenerationResult, Replica
 
 logger = logging.getLogger("dynres.runtime.loop.balancer")
@@ -114,6 +116,8 @@ class LoadBalancer:
         # replica id -> its running request ids, oldest first (dict keeps insertion order).
         self._by_replica: dict[str, dict[str, None]] = {}
         self._sticky: OrderedDict[str, tuple[str, int]] = OrderedDict()
+        # Requests a rebalance moves: their sticky entries no longer count (see plan_rebalance).
+        self._unstick: set[str] = set()
         self._tasks: dict[str, asyncio.Task[object]] = {}
         self._evicting: set[str] = set()
         self._completed: set[str] = set()
@@ -124,6 +128,7 @@ class LoadBalancer:
         self._retry_budget = self.retry_batch
         self._retry_waiters: deque[asyncio.Future[None]] = deque()
         self._retry_pump_scheduled = False
+        self._retry_stretch = False
 
     # ---- Membership -------------------------------------------------------------------------
 
@@ -203,6 +208,11 @@ class LoadBalancer:
             raise ReplicaUnavailableError(f"no replica is routable for request {request_id!r}; add a replica first")
         rid = None
         sticky = self._sticky.get(request_id)
+        if self._unstick and request_id in self._unstick:
+            self._unstick.discard(request_id)
+            if sticky is not None:
+                del self._sticky[request_id]
+                sticky = None
         if sticky is not None:
             if self._epoch.get(sticky[0]) == sticky[1]:
                 rid = sticky[0]
@@ -216,11 +226,22 @@ class LoadBalancer:
                 self._sticky[request_id] = (rid, self._epoch[rid])
                 if len(self._sticky) > self.sticky_capacity:
                     self._sticky.popitem(last=False)
-        c = self._count[rid]
-        self._bucket_remove(rid, c)
-        self._bucket_add(rid, c + 1)
-        self._count[rid] = c + 1
-        if c == self._min and not self._buckets[c]:
+        # The bucket moves of _bucket_remove/_bucket_add, inlined: this runs once per decision.
+        count, pos, buckets = self._count, self._pos, self._buckets
+        c = count[rid]
+        b = buckets[c]
+        i = pos[rid]
+        last = b.pop()
+        if last != rid:
+            b[i] = last
+            pos[last] = i
+        if len(buckets) == c + 1:
+            buckets.append([])
+        up = buckets[c + 1]
+        pos[rid] = len(up)
+        up.append(rid)
+        count[rid] = c + 1
+        if c == self._min and not b:
             self._min = c + 1
         self._running[request_id] = rid
         self._by_replica[rid][request_id] = None
@@ -251,9 +272,17 @@ class LoadBalancer:
             return
         if c <= 0:
             raise RuntimeStateError(f"in-flight count of replica {rid!r} would go negative")
-        self._bucket_remove(rid, c)
-        self._bucket_add(rid, c - 1)
-        self._count[rid] = c - 1
+        count, pos, buckets = self._count, self._pos, self._buckets
+        b = buckets[c]
+        i = pos[rid]
+        last = b.pop()
+        if last != rid:
+            b[i] = last
+            pos[last] = i
+        down = buckets[c - 1]
+        pos[rid] = len(down)
+        down.append(rid)
+        count[rid] = c - 1
         if c - 1 < self._min:
             self._min = c - 1
 
@@ -293,14 +322,14 @@ class LoadBalancer:
     def sticky_replica(self, request_id: str) -> str | None:
         """The replica ``request_id`` would stick to, or None (no entry, or its replica left)."""
         entry = self._sticky.get(request_id)
-        if entry is None or self._epoch.get(entry[0]) != entry[1]:
+        if entry is None or self._epoch.get(entry[0]) != entry[1] or request_id in self._unstick:
             return None
         return entry[0]
 
     def forget_sticky(self, request_ids: Iterable[str]) -> None:
         """Drop the sticky entries of ``request_ids`` (they route by load next time)."""
-        for req in request_ids:
-            self._sticky.pop(req, None)
+        # Looped in C (a rebalance forgets tens of thousands at once, inside one loop iteration).
+        deque(map(self._sticky.pop, request_ids, repeat(None)), maxlen=0)
 
     # ---- Generation with retry ------------------------------------------------------------
 
@@ -369,6 +398,11 @@ class LoadBalancer:
 
     def _schedule_retry_pump(self) -> None:
         if not self._retry_pump_scheduled:
+            if not self._retry_stretch:
+                # Retries come in bursts (a deactivation or rebalance aborts thousands at once);
+                # no full collection until the burst is routed (see loop/gcpolicy.py).
+                self._retry_stretch = True
+                defer_full_collections()
             self._retry_pump_scheduled = True
             asyncio.get_running_loop().call_soon(self._retry_pump)
 
@@ -385,6 +419,9 @@ class LoadBalancer:
                 self._retry_budget -= 1
         if waiters or self._retry_budget < self.retry_batch:
             self._schedule_retry_pump()
+        elif self._retry_stretch:
+            self._retry_stretch = False
+            resume_full_collections()
 
     def _retry_request(self, req: GenerationRequest, result: GenerationResult) -> GenerationRequest:
         if self.partial_rollout and len(result.token_ids) > 0:
@@ -440,11 +477,18 @@ class LoadBalancer:
         total = sum(self._count.values())
         target = -(-total // n)
         plan: dict[str, list[str]] = {}
+        # Entries of an earlier plan whose requests are gone would never be routed again.
+        self._unstick = {r for r in self._unstick if r in self._running}
         for rid, c in self._count.items():
             if c > target:
-                running = list(self._by_replica.get(rid, ()))
-                plan[rid] = running[len(running) - (c - target) :]
-                self.forget_sticky(plan[rid])
+                # The newest c - target, oldest first, without copying the replica's whole list.
+                newest = list(islice(reversed(self._by_replica[rid]), c - target))
+                newest.reverse()
+                plan[rid] = newest
+                # Their sticky entries are dropped when they are routed again (route() checks
+                # this set), not here: one set update instead of tens of thousands of LRU pops
+                # inside this one loop iteration.
+                self._unstick.update(newest)
         self.counters.rebalanced += sum(len(v) for v in plan.values())
         return plan
 

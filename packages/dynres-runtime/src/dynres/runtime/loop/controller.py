@@ -27,6 +27,9 @@ States (reported through ``dynres_state_transition``)::
 3. they sleep (release KV cache, offload weights);
 4. the trainer onloads.
 
+A full garbage collection would stop the loop for as long as it scans every request in flight,
+so none runs during a transition (:func:`~dynres.runtime.loop.gcpolicy.no_full_collection`).
+
 Each step runs on all replicas concurrently with a per-operation timeout. A replica that fails
 or times out is reported, taken out of routing, its stuck requests are evicted (retried
 elsewhere), and it is *quarantined*: never activated again in this run. The trainer's own
@@ -45,6 +48,7 @@ import pluggy
 
 from dynres.core.errors import BackendError, RuntimeStateError
 from dynres.runtime.loop.balancer import LoadBalancer
+from dynres.runtime.loop.gcpolicy import no_full_collection
 from dynres.runtime.loop.ops import OpRunner
 from dynres.runtime.protocols import Replica, TrainEngine, WeightUpdate
 
@@ -191,7 +195,7 @@ class Controller:
 
     async def activate(self, update: WeightUpdate) -> bool:
         """Wake the hybrid replicas with ``update`` and make them routable; True if any joined."""
-        async with self._lock:
+        async with self._lock, no_full_collection():
             self._require(ControllerState.STANDALONE_ONLY, action="activate")
             candidates = self.usable_hybrid
             if not candidates:
@@ -245,7 +249,7 @@ class Controller:
 
     async def deactivate(self) -> None:
         """Hand the GPUs back: cut routing, abort and drain, sleep, onload the trainer."""
-        async with self._lock:
+        async with self._lock, no_full_collection():
             self._require(ControllerState.HYBRID_ACTIVE, action="deactivate")
             t0 = self._now()
             waited = 0.0
@@ -280,7 +284,7 @@ class Controller:
 
     async def rebalance(self) -> int:
         """Move just enough in-flight requests onto the least loaded replicas; return how many."""
-        async with self._lock:
+        async with self._lock, no_full_collection():
             self._require(ControllerState.HYBRID_ACTIVE, action="rebalance")
             t0 = self._now()
             self._set(ControllerState.REBALANCING)

@@ -33,6 +33,7 @@ from dynres.runtime.loop.clock import RunClock
 from dynres.runtime.loop.controller import Controller, ControllerState
 from dynres.runtime.loop.cycle import LoopWiring, StopRun, TrainerLoop, maybe_await
 from dynres.runtime.loop.decisions import DecisionGuard, DecisionRecord
+from dynres.runtime.loop.gcpolicy import run_gc_policy
 from dynres.runtime.loop.ops import OpRunner
 from dynres.runtime.loop.queue import MessageQueue
 from dynres.runtime.loop.report import CycleReport, OperationTimings, RunReport, SampleCounters
@@ -254,6 +255,13 @@ class FullyAsyncRun:
                 partial_rollout=spec.config.async_training.partial_rollout,
             )
         self.rollouter.start_window()
+        # The runtime's GC step (loop/gcpolicy.py): start-up objects frozen, full collections
+        # kept out of transitions; undone when the run ends.
+        with run_gc_policy():
+            return await self._run_cycles()
+
+    async def _run_cycles(self) -> RunReport:
+        spec = self.spec
         cycles: list[CycleReport] = []
         startup: list[DecisionRecord] = []
         stopped_early = ""

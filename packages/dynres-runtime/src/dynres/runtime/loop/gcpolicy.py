@@ -1,0 +1,94 @@
+"""The garbage-collector settings of a run: start-up freeze and no full collection mid-transition.
+
+CPython's cyclic collector stops the whole interpreter while it runs. A full (oldest-generation)
+collection scans every tracked object: the modules, models and clients built at start-up, and
+~15 objects per request in flight (task, coroutine, request, result, futures). At 100,000
+requests in flight that is a pause of hundreds of milliseconds on the coordinator's one event
+loop, far above the 10 ms lag a deactivation may add. Two steps keep those pauses away:
+
+1. **Start-up** (:func:`run_gc_policy`, entered by ``FullyAsyncRun.run``, so by ``dynres run``,
+   ``dynres simulate`` and any program that runs the loop): one collection, then ``gc.freeze()``
+   moves every object that exists before the first cycle (modules, models, clients, replicas)
+   into the permanent generation, which no collection scans again. It is undone when the run
+   ends (the last run, when several share the process), so frozen objects that die afterwards
+   are collected as usual.
+2. **Transitions** (:func:`no_full_collection`, held by the controller while it activates,
+   deactivates or rebalances, and by the balancer while aborted requests wait to be retried):
+   full collections are deferred (young collections still run); the collector catches up after.
+
+Objects freed by reference counting (nearly all of them) are freed at once either way; only
+garbage in reference cycles waits for a collection.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+from collections.abc import Iterator
+
+_NEVER = 1 << 30
+_state = {"runs": 0, "deferrals": 0}
+_saved: dict[str, int] = {}
+
+
+@contextlib.contextmanager
+def run_gc_policy() -> Iterator[None]:
+    """Collect once and freeze the start-up objects for the run's duration (nested runs share it)."""
+    if _state["runs"] == 0:
+        gc.collect()
+        gc.freeze()
+    _state["runs"] += 1
+    try:
+        yield
+    finally:
+        _state["runs"] -= 1
+        if _state["runs"] == 0:
+            gc.unfreeze()
+            if _state["deferrals"]:
+                # A balancer whose loop closed mid-burst never ends its stretch; the process
+                # must not keep full collections off after the last run.
+                _state["deferrals"] = 1
+                resume_full_collections()
+
+
+def defer_full_collections() -> None:
+    """Start a stretch without full collections (pair with :func:`resume_full_collections`)."""
+    if _state["deferrals"] == 0:
+        t0, t1, t2 = gc.get_threshold()
+        _saved["defer"] = t2
+        gc.set_threshold(t0, t1, _NEVER)
+    _state["deferrals"] += 1
+
+
+def resume_full_collections() -> None:
+    """End one stretch started by :func:`defer_full_collections`; the last one restores the threshold."""
+    if _state["deferrals"] <= 0:
+        return
+    _state["deferrals"] -= 1
+    if _state["deferrals"] == 0:
+        t0, t1, _ = gc.get_threshold()
+        gc.set_threshold(t0, t1, _saved.pop("defer"))
+
+
+class no_full_collection:
+    """No full collection inside the block (young and middle generations are still collected).
+
+    Works with ``with`` and ``async with`` (so it joins an ``async with lock, ...`` line).
+    """
+
+    def __enter__(self) -> None:
+        defer_full_collections()
+
+    def __exit__(self, *exc: object) -> None:
+        resume_full_collections()
+
+    async def __aenter__(self) -> None:
+        defer_full_collections()
+
+    async def __aexit__(self, *exc: object) -> None:
+        resume_full_collections()
+
+
+def full_collections_deferred() -> bool:
+    """True while some part of the runtime defers full collections."""
+    return _state["deferrals"] > 0
