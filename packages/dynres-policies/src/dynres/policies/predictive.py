@@ -43,6 +43,8 @@ class Estimates:
     """The same in cycles with hybrids, activation and deactivation included (ratio; -1 = none seen)."""
     hybrid_cycles: int = 0
     """Cycles that ran with hybrid replicas (count)."""
+    last_hybrid_step: int = 0
+    """global_steps after the latest cycle that ran with hybrid replicas (global step; 0 = none)."""
     static_cycles: int = 0
     """Cycles that ran without hybrid replicas (count)."""
     losses: int = 0
@@ -240,6 +242,11 @@ class PredictivePolicy(Policy):
             return False
         p = self.params
         fc = self.forecast(ctx, est)
+        if est.backoff and ctx.global_steps == est.suppress_until:
+            return True  # the back-off is over: probe once, the realised cycle decides again
+        stale = ctx.global_steps - est.last_hybrid_step >= p.probe_interval_max
+        if stale and est.hybrid_cycles and fc.static_idle_s > fc.switch_s:
+            return True  # what hybrids add was measured long ago: probe once
         if (
             p.calibrate_static
             and est.static_cycles == 0
@@ -338,7 +345,12 @@ class PredictivePolicy(Policy):
         if h > 0:
             rest_s = max(1e-9, cycle_s - h)
             collect = (generated - ctx.last_hybrid_generated_samples) / rest_s * train_s / step_required
-            out = replace(out, hybrid_cycles=out.hybrid_cycles + 1, collect_share=_ema(out.collect_share, collect, w))
+            out = replace(
+                out,
+                hybrid_cycles=out.hybrid_cycles + 1,
+                last_hybrid_step=ctx.global_steps,
+                collect_share=_ema(out.collect_share, collect, w),
+            )
             if out.static_cycles == 0:
                 # No cycle without hybrids yet: infer the standalone production through rho.
                 share = generated / (cycle_s + self.hybrid_gain(ctx, out) * h) * train_s / step_required
