@@ -265,6 +265,7 @@ class FullyAsyncRun:
         cycles: list[CycleReport] = []
         startup: list[DecisionRecord] = []
         stopped_early = ""
+        self.tracker.total_steps = self.tracker.global_steps + spec.num_cycles
         roll_task = asyncio.create_task(self.rollouter.run(), name="dynres-rollouter")
         end_to_end = 0.0
         try:
