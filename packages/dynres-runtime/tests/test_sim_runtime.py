@@ -114,3 +114,11 @@ def test_queue_size_end_is_read_before_the_end_of_cycle_activation() -> None:
     r = simulate("seed-dynamic-16-16", policy="fixed_ratio", overrides={"steps": 12})
     cap = int(r.scenario.step_required_samples * r.scenario.async_training.staleness_threshold)
     assert max(c.queue_size_end for c in r.report.cycles) <= cap
+
+
+def test_long_simulated_fit_steps_are_not_timeouts() -> None:
+    # A fit step of ~1600 virtual seconds is what the scenario models; the runtime's 600 s
+    # operation timeout is for hung engines and must not fire on the virtual clock.
+    r = simulate("verl-7b-async-16-16", overrides={"steps": 1, "workload.train.step_s": 1600.0})
+    assert len(r.report.cycles) == 1 and not r.report.op_failures
+    assert r.extra["train_compute_s"] > 4 * 1000

@@ -299,6 +299,9 @@ def simulate(
         seed=sc.seed,
         hybrid_gpus=sc.cluster.trainer_gpus,
         standalone_gpus=sc.cluster.rollout_gpus,
+        # A simulated operation takes exactly its modelled time: a long fit step on the virtual
+        # clock is the scenario, not a hung engine, so no operation times out.
+        op_timeout_s=math.inf,
     )
     t0 = time.perf_counter()
     report = run_virtual(run_fully_async(spec), thread_grace_s=thread_grace_s)
