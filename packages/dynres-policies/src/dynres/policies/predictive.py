@@ -167,6 +167,12 @@ class PredictivePolicy(Policy):
             description="Activate before the first cycle, when nothing is measured (the trainer waits for "
             "its first batch anyway).",
         )
+        activate_at_start_min_steps: int = Field(
+            0,
+            ge=0,
+            description="With activate_at_start, activate before the first cycle only if the run is known "
+            "to last at least this many cycles (cycles; 0 = any length).",
+        )
         calibrate_static: bool = Field(
             True,
             description="Run one cycle without hybrids early on to measure what hybrids add (see "
@@ -237,7 +243,10 @@ class PredictivePolicy(Policy):
             # over work in flight, and slow ones would hold the run's last samples.
             return False
         if ctx.global_steps == 0 or est.train_s <= 0:
-            return self.params.activate_at_start
+            # Nothing measured: the trainer waits for its first batch anyway, but the first
+            # switch may be slow (cold engines), which only a long run repays.
+            short = 0 < ctx.total_steps < self.params.activate_at_start_min_steps
+            return self.params.activate_at_start and not short
         if ctx.global_steps < est.suppress_until:
             return False
         p = self.params
