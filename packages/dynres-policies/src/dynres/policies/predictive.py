@@ -353,12 +353,12 @@ class PredictivePolicy(Policy):
         settled = ctx.global_steps > 1
         if h > 0:
             rest_s = max(1e-9, cycle_s - h)
-            collect = (generated - ctx.last_hybrid_generated_samples) / rest_s * train_s / step_required
+            collect = max(0.0, generated - ctx.last_hybrid_generated_samples) / rest_s * train_s / step_required
             out = replace(
                 out,
                 hybrid_cycles=out.hybrid_cycles + 1,
                 last_hybrid_step=ctx.global_steps,
-                collect_share=_ema(out.collect_share, collect, w),
+                collect_share=_ema(out.collect_share, collect, w) if collect > 0 else out.collect_share,
             )
             if out.static_cycles == 0:
                 # No cycle without hybrids yet: infer the standalone production through rho.
