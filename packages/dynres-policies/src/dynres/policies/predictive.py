@@ -316,6 +316,9 @@ class PredictivePolicy(Policy):
         g_c = max(est.collect_share, est.standalone_share) * step_required / est.train_s
         wait = max((i + 1) * k - g_c * (est.deactivate_s + i * t) for i in range(n))
         wait += est.wait_bias + self.params.wait_margin * step_required
+        if not all(math.isfinite(x) for x in (static_idle, fill, wait)):
+            # Extreme estimates (a rate near zero): decide nothing on them.
+            return Forecast(static_idle_s=0.0, hybrid_idle_s=switch, switch_s=switch, wait_samples=limit)
         return Forecast(
             static_idle_s=static_idle,
             hybrid_idle_s=switch + fill,
@@ -334,8 +337,8 @@ class PredictivePolicy(Policy):
         step_required = ctx.step_required_samples
         cycle_s = ctx.last_cycle_time_s
         train_s = step_required / ctx.consumption_rate if ctx.consumption_rate > 0 else ctx.last_train_time_s
-        if train_s <= 0:
-            return est
+        if not (0 < train_s < _MAX_SECONDS):
+            return est  # nothing measured, or a rate too small to be a measurement
         waited = sum(ctx.step_wait_times) > 0
         # Neither waited nor below the staleness cap: production was held back by the budget.
         throttled = not waited and ctx.queue_size >= ctx.buffer_samples
@@ -439,6 +442,10 @@ class PredictivePolicy(Policy):
                 raise PolicyValidationError(f"policy 'predictive': state {name}={raw!r} must be >= {floor:g}")
             values[name] = int(raw) if f.type == "int" else float(raw)
         self.est = Estimates(**values)
+
+
+_MAX_SECONDS = 1e9
+"""Durations beyond this (about 30 years) are not measurements (seconds)."""
 
 
 def _ema(old: float, new: float, weight: float) -> float:
