@@ -1,11 +1,13 @@
-"""End-to-end time of the tiny real run under ``static_fully_async`` and ``default``, in one go.
+"""End-to-end time of the tiny real run under ``static_fully_async``, ``default`` and ``predictive``.
 
     .venv/bin/python benchmarks/tiny_grpo_bench.py [--config examples/tiny-grpo-cpu.yaml]
-        [--steps N] [--out DIR] [--policies static_fully_async,default] [--json]
+        [--steps N] [--out DIR] [--policies static_fully_async,default,predictive] [--json]
 
-Both runs use the same file (same model seed, prompts, engines and placement); only
+Every run uses the same file (same model seed, prompts, engines and placement); only
 ``async_training.dynamic_schedule_policy`` changes. ``static_fully_async`` never wakes the hybrid
-replica (the trainer's slot only trains), ``default`` lends it to rollout while the trainer waits.
+replica (the trainer's slot only trains), ``default`` lends it to rollout while the trainer waits,
+``predictive`` lends it only while its forecast says a switch pays. Run it on a quiet machine:
+the runs take turns on the same cores, so anything else running skews the comparison.
 The table shows, per policy: end-to-end time (run start to the last cycle, seconds), the mean
 cycle time, the hybrid switches, the trainer's wait for samples, the mean cluster utilization,
 the reward of the last cycles, and the process wall time including engine start-up.
@@ -69,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config", default=str(ROOT / "examples" / "tiny-grpo-cpu.yaml"))
     ap.add_argument("--steps", type=int, default=None, help="override run.steps (sync cycles)")
     ap.add_argument("--out", default="/tmp/dynres-tiny-bench")
-    ap.add_argument("--policies", default="static_fully_async,default")
+    ap.add_argument("--policies", default="static_fully_async,default,predictive")
     ap.add_argument("--json", action="store_true", help="print the rows as JSON")
     args = ap.parse_args(argv)
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -93,8 +95,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['activations']:>4}/{r['deactivations']:<4} {r['wait_s']:>7.2f} {r['utilization']:>5.2f} "
             f"{r['reward_last3']:>13.3f} {r['wall_s']:>7.1f}"
         )
-    if len(rows) == 2:
-        a, b = rows
+    a = rows[0]
+    for b in rows[1:]:
         change = (b["end_to_end_s"] - a["end_to_end_s"]) / a["end_to_end_s"] * 100
         print(f"{b['policy']} vs {a['policy']}: end-to-end {change:+.1f}%")
     return 0

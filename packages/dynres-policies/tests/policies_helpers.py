@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from dynres.core import ScheduleContext
 
-BUILTINS: tuple[str, ...] = ("default", "static_fully_async", "fixed_ratio")
+BUILTINS: tuple[str, ...] = ("default", "static_fully_async", "fixed_ratio", "predictive")
 """Registry names of the built-in policies."""
 
 

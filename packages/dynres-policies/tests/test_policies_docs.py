@@ -23,8 +23,8 @@ def _table_keys(text: str) -> set[str]:
     return set(re.findall(r"^\|\s*`([A-Za-z_][A-Za-z0-9_]*)`", text, flags=re.MULTILINE))
 
 
-def test_the_builtins_are_the_three_expected() -> None:
-    assert sorted(_builtins()) == ["default", "fixed_ratio", "static_fully_async"]
+def test_the_builtins_are_the_four_expected() -> None:
+    assert sorted(_builtins()) == ["default", "fixed_ratio", "predictive", "static_fully_async"]
 
 
 @pytest.mark.parametrize("name", _builtins())

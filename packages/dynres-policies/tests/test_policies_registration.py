@@ -14,9 +14,15 @@ from dynres.core.config import policy_params_from_config
 from dynres.core.policy import validate_policy_class
 from dynres.policies.default import DefaultPolicy
 from dynres.policies.fixed_ratio import FixedRatioPolicy
+from dynres.policies.predictive import PredictivePolicy
 from dynres.policies.static_fully_async import StaticFullyAsyncPolicy
 
-CLASSES = {"default": DefaultPolicy, "static_fully_async": StaticFullyAsyncPolicy, "fixed_ratio": FixedRatioPolicy}
+CLASSES = {
+    "default": DefaultPolicy,
+    "static_fully_async": StaticFullyAsyncPolicy,
+    "fixed_ratio": FixedRatioPolicy,
+    "predictive": PredictivePolicy,
+}
 
 
 @pytest.mark.parametrize("name", BUILTINS)

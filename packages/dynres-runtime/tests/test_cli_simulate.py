@@ -192,3 +192,30 @@ def test_json_is_identical_across_processes(tmp_path: Path) -> None:
         )
         outs.append(out.read_bytes())
     assert outs[0] == outs[1]
+
+
+def test_a_dynamic_policy_on_a_static_preset_is_an_error_naming_the_fix() -> None:
+    # The preset has no hybrid replicas: 'default' would silently run as static_fully_async.
+    code, out, err = _run("simulate", "--preset", "seed-static-16-16", "--policy", "default", "--set", "steps=1")
+    _assert_one_line_error(code, out, err, "use_dynamic_resource_scheduling: false", "--set async_training.")
+    # static_fully_async there is what the preset means; with the --set the policy runs.
+    assert (
+        _run("simulate", "--preset", "seed-static-16-16", "--policy", "static_fully_async", "--set", "steps=1")[0] == 0
+    )
+    code, out, _ = _run(
+        "simulate", "--preset", "seed-static-16-16", "--policy", "default", "--set", "steps=1",
+        "--set", "async_training.use_dynamic_resource_scheduling=true",
+    )  # fmt: skip
+    assert code == 0 and "default" in out
+
+
+def test_seeds_prints_mean_and_spread_and_writes_them(tmp_path: Path) -> None:
+    path = tmp_path / "out.json"
+    code, out, _ = _run(
+        "simulate", "--preset", "seed-dynamic-16-16", "--set", "steps=1", "--seeds", "3", "--json", str(path)
+    )
+    assert code == 0 and "over seeds 0..2: mean" in out
+    row = json.loads(path.read_text())["over_seeds"]["seed-dynamic-16-16"]
+    assert row["seeds"] == [0, 1, 2] and len(set(row["end_to_end_s"])) > 1
+    assert row["min_s"] <= row["mean_s"] <= row["max_s"]
+    assert _run("simulate", "--preset", "seed-dynamic-16-16", "--seeds", "0")[0] == 2

@@ -145,25 +145,28 @@ def test_policy_call_order_per_cycle() -> None:
     startup = [("should_activate_after_step", 0), ("should_rebalance", 0), ("update_after_step", 0)]
     expected = list(startup)
     for g in range(1, 4):
-        expected += [
-            ("should_deactivate", g - 1),
-            ("deactivate_wait_samples", g - 1),
-            ("should_activate_after_step", g),
-            ("should_rebalance", g),
-            ("update_after_step", g),
-        ]
+        expected += [("should_deactivate", g - 1), ("deactivate_wait_samples", g - 1)]
+        # After the run's final sync nothing is activated (it would only cost a switch), so
+        # the policy is asked only to learn from the cycle.
+        expected += [("should_activate_after_step", g), ("should_rebalance", g)] if g < 3 else []
+        expected += [("update_after_step", g)]
     assert calls == expected
     # deactivation is asked while active; activation and update see the same context
     assert all(active for m, _, active in pol.calls if m == "should_deactivate")
     assert all(active for m, _, active in pol.calls if m == "should_rebalance")
     assert [c.step for c in report.cycles] == [1, 2, 3]
-    assert all(c.deactivated and c.activated and c.rebalanced for c in report.cycles)
+    assert all(c.deactivated and c.activated and c.rebalanced for c in report.cycles[:-1])
+    assert report.cycles[-1].deactivated and not report.cycles[-1].activated
+    assert report.final_state == "STANDALONE_ONLY"
 
 
 def test_should_deactivate_not_asked_while_standalone_only() -> None:
     pol = scripted(activate=False)
     report, _ = run(pol, cycles=2)
-    assert [m for m, _, _ in pol.calls] == ["should_activate_after_step", "update_after_step"] * 3
+    # startup and cycle 1 ask both; after the final sync (cycle 2) only update_after_step
+    assert [m for m, _, _ in pol.calls] == ["should_activate_after_step", "update_after_step"] * 2 + [
+        "update_after_step"
+    ]
     assert report.operations.activations == 0
 
 
@@ -250,8 +253,10 @@ def test_bad_policy_answers_fall_back_and_training_continues(
 def test_numpy_answers_are_accepted() -> None:
     np = pytest.importorskip("numpy")
     pol = scripted(activate=np.bool_(True), wait=np.int64(2))
-    report, _ = run(pol, cycles=1)
+    # Two cycles: the activation after the first sync (none follows the final one) and the wait.
+    report, _ = run(pol, cycles=2)
     assert report.policy_fallbacks == 0 and report.cycles[0].activated
+    assert report.cycles[1].deactivate_wait_samples == 2
 
 
 # ---- wait clamps ----------------------------------------------------------------------------
@@ -273,9 +278,13 @@ def test_only_hybrid_waits_for_a_whole_cycle_and_always_activates() -> None:
     report, _cl = run(pol, cfg=cfg, n_standalone=0, n_hybrid=2, cycles=3)
     assert len(report.cycles) == 3
     for c in report.cycles:
-        assert c.activated and c.deactivate_wait_samples == 8
+        assert c.deactivate_wait_samples == 8
+    # Every sync but the run's final one activates (nothing is generated after that one).
+    for c in report.cycles[:-1]:
+        assert c.activated
         act = next(d for d in c.decisions if d.method == "should_activate_after_step")
         assert act.clamped and act.value is True and "only-hybrid" in act.reason
+    assert not report.cycles[-1].activated
     # the wait for a full cycle means no collection had to wait after deactivation
     assert all(sum(c.step_wait_samples) == 0 for c in report.cycles)
 
@@ -284,7 +293,8 @@ def test_only_hybrid_fallback_is_to_activate() -> None:
     cfg = make_cfg(standalone_nodes=0)
     pol = scripted(activate=_boom)
     report, _ = run(pol, cfg=cfg, n_standalone=0, cycles=2)
-    assert len(report.cycles) == 2 and report.policy_fallbacks == 3
+    # Startup and cycle 1 fall back to activating; after the final sync the policy is not asked.
+    assert len(report.cycles) == 2 and report.policy_fallbacks == 2
 
 
 # ---- staleness, admission, drops ------------------------------------------------------------

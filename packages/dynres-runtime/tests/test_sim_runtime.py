@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
 from dynres.core import ScheduleContext
 from dynres.policies.default import DefaultPolicy
 from dynres.runtime.sim import simulate
@@ -71,3 +73,55 @@ def test_hung_policy_times_out_on_virtual_time_and_falls_back() -> None:
     first = r.report.startup_decisions[0]
     assert first.method == "should_activate_after_step" and first.fallback and "no answer" in first.reason
     assert r.end_to_end_s >= r.lower_bound_s
+
+
+class Recording(DefaultPolicy):
+    """The default policy, keeping every context update_after_step saw."""
+
+    name = "recording_default"
+
+    def __init__(self, params: object = None) -> None:
+        super().__init__(params)  # type: ignore[arg-type]  # the test passes a plain mapping
+        self.seen: list[ScheduleContext] = []
+
+    def update_after_step(self, ctx: ScheduleContext) -> None:
+        self.seen.append(ctx)
+        super().update_after_step(ctx)
+
+
+def test_context_reports_run_length_hybrid_time_and_sync_time() -> None:
+    pol = Recording({"deactivate_ratio": 0.6})
+    r = simulate("seed-dynamic-16-16", policy=pol, overrides={"steps": 4})
+    assert [c.total_steps for c in pol.seen] == [4] * 5
+    sc = r.scenario
+    for ctx, cycle in zip(pol.seen[1:], r.report.cycles, strict=True):
+        # The standalone replicas load each update for weight_sync_s (export is free here).
+        assert ctx.last_sync_s == pytest.approx(sc.costs.weight_sync_s + sc.costs.export_weights_s)
+        if cycle.hybrid_active_at_start:
+            # Hybrid replicas were routable from the previous activation to this deactivation:
+            # the rebalance after it (an abort on the standalone replicas) and the whole wait for
+            # enough samples; they finished some of the cycle's samples.
+            wait = cycle.wait_for_enough_samples_s
+            assert wait - 1e-6 <= ctx.last_hybrid_active_s <= wait + sc.costs.abort_s + 1e-6
+            assert 0 < ctx.last_hybrid_generated_samples <= cycle.samples_generated
+        else:
+            assert ctx.last_hybrid_active_s == 0 and ctx.last_hybrid_generated_samples == 0
+
+
+def test_queue_size_end_is_read_before_the_end_of_cycle_activation() -> None:
+    # queue_size_end is the queue after the cycle's sync, what the policy's end-of-cycle context
+    # shows, capped at max_required - step_required. Read after the activation (offload, wake-up,
+    # weight load, rebalance: ~10 s of standalone output) it was larger, above the cap at times.
+    pol = Recording({"deactivate_ratio": 0.6})
+    r = simulate("seed-dynamic-16-16", policy=pol, overrides={"steps": 12})
+    assert [c.queue_size_end for c in r.report.cycles] == [ctx.queue_size for ctx in pol.seen[1:]]
+    cap = int(r.scenario.step_required_samples * r.scenario.async_training.staleness_threshold)
+    assert max(c.queue_size_end for c in r.report.cycles) <= cap
+
+
+def test_long_simulated_fit_steps_are_not_timeouts() -> None:
+    # A fit step of ~1600 virtual seconds is what the scenario models; the runtime's 600 s
+    # operation timeout is for hung engines and must not fire on the virtual clock.
+    r = simulate("verl-7b-async-16-16", overrides={"steps": 1, "workload.train.step_s": 1600.0})
+    assert len(r.report.cycles) == 1 and not r.report.op_failures
+    assert r.extra["train_compute_s"] > 4 * 1000

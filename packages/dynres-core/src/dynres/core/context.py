@@ -62,6 +62,7 @@ class ScheduleContext(BaseModel):
     staleness_threshold: float = Field(
         0.1, ge=0.0, description="Allowed extra production per cycle, as a fraction of a cycle's samples."
     )
+    total_steps: int = Field(0, ge=0, description="Sync cycles the run will do in total (count; 0 = unknown).")
 
     # ---- Sample accounting -----------------------------------------------------------------
     total_generated_samples: int = Field(0, ge=0, description="Samples fully generated since training began (count).")
@@ -112,6 +113,22 @@ class ScheduleContext(BaseModel):
     )
     last_cycle_time_s: float = Field(
         0.0, ge=0.0, description="Wall time of the latest sync cycle (seconds; 0 = none yet)."
+    )
+    last_hybrid_active_s: float = Field(
+        0.0,
+        ge=0.0,
+        description="Seconds hybrid replicas were routable during the latest sync cycle (seconds; 0 = none).",
+    )
+    last_hybrid_generated_samples: int = Field(
+        0,
+        ge=0,
+        description="Samples finished while hybrid replicas were routable during the latest sync cycle (count).",
+    )
+    last_sync_s: float = Field(
+        0.0,
+        ge=0.0,
+        description="Wall time of the latest weight sync: export plus loading into the standalone replicas "
+        "(seconds; 0 = none yet).",
     )
 
     @model_validator(mode="wrap")

@@ -99,6 +99,10 @@ def _cycle_state(
     queue_size = draw(st.integers(0, max(0, surplus)))
     in_flight = draw(st.integers(0, num_active * 32)) if num_active else 0
 
+    # 0 = unknown length; otherwise the run ends at or after this cycle.
+    total_steps = draw(st.one_of(st.just(0), st.integers(max(1, global_steps), global_steps + 100)))
+    hybrid_s = sync_s = 0.0
+    hybrid_generated = 0
     if global_steps == 0:
         # Nothing has been measured before the first cycle ends.
         wait_samples: tuple[int, ...] = ()
@@ -115,6 +119,11 @@ def _cycle_state(
         cons_rate = draw(_maybe_zero(_rates))
         train_s = draw(_maybe_zero(_seconds))
         cycle_s = train_s + sum(wait_times) + draw(_maybe_zero(_seconds))
+        sync_s = draw(_maybe_zero(st.floats(0.001, 60.0, allow_nan=False)))
+        if hybrid > 0 and cycle_s > 0 and draw(st.booleans()):
+            # Hybrid replicas generated for part of the cycle and finished some of its samples.
+            hybrid_s = draw(st.floats(0.0, cycle_s, allow_nan=False))
+            hybrid_generated = draw(st.integers(0, max(0, total_generated - total_generated_floor)))
     now = draw(st.floats(0.0, 10.0 * MAX_SECONDS, allow_nan=False)) + global_steps * cycle_s
 
     return ScheduleContext(
@@ -139,6 +148,10 @@ def _cycle_state(
         consumption_rate=cons_rate,
         last_train_time_s=train_s,
         last_cycle_time_s=cycle_s,
+        total_steps=total_steps,
+        last_hybrid_active_s=hybrid_s,
+        last_hybrid_generated_samples=hybrid_generated,
+        last_sync_s=sync_s,
     )
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from dynres.core.errors import ConfigError
+from dynres.core.errors import ConfigError, ScenarioError
 
 
 def _fmt_h(seconds: float) -> str:
@@ -88,7 +88,29 @@ def _speedups(results: list[Any]) -> dict[str, float]:
     }
 
 
-def _write_json(path: str, results: list[Any]) -> None:
+def _over_seeds(scenarios: list[Any], runs: list[Any], first: list[Any], n: int) -> dict[str, dict[str, Any]]:
+    """Each scenario again with seeds seed+1 .. seed+n-1: mean, min, max, spread of end-to-end."""
+    from dynres.runtime.sim.runner import build_policy, simulate
+
+    out: dict[str, dict[str, Any]] = {}
+    for sc, (_, pol), r0 in zip(scenarios, runs, first, strict=True):
+        seeds = [sc.seed + k for k in range(n)]
+        rs = [r0] + [simulate(sc.model_copy(update={"seed": s}), policy=build_policy(sc, pol)) for s in seeds[1:]]
+        e2e = [r.end_to_end_s for r in rs]
+        mean = sum(e2e) / n
+        out[sc.name] = {
+            "seeds": seeds,
+            "end_to_end_s": e2e,
+            "mean_s": mean,
+            "min_s": min(e2e),
+            "max_s": max(e2e),
+            "spread": (max(e2e) - min(e2e)) / mean if mean > 0 else 0.0,
+            "lower_bound_mean_s": sum(r.lower_bound_s for r in rs) / n,
+        }
+    return out
+
+
+def _write_json(path: str, results: list[Any], spread: dict[str, dict[str, Any]] | None = None) -> None:
     if len(results) == 1:
         payload: Any = results[0].to_dict()
     else:
@@ -96,6 +118,8 @@ def _write_json(path: str, results: list[Any]) -> None:
             "runs": [r.to_dict() for r in results],
             "first_run_shorter_by": _speedups(results),
         }
+    if spread:
+        payload["over_seeds"] = spread
     try:
         Path(path).write_text(json.dumps(payload, indent=1, allow_nan=False) + "\n", encoding="utf-8")
     except OSError as exc:
@@ -144,6 +168,15 @@ def _write_plots(out: str, results: list[Any]) -> list[Path]:
 @click.option("--json", "json_path", metavar="FILE", help="Write the results as JSON to FILE.")
 @click.option("--plot", "plot_dir", metavar="DIR", help="Write PNG plots to DIR.")
 @click.option("--seed", type=int, help="Seed of every run (replaces the scenarios' seed).")
+@click.option(
+    "--seeds",
+    "n_seeds",
+    type=int,
+    default=1,
+    show_default=True,
+    help="Run each scenario with N consecutive seeds (from --seed or its own) and print the mean "
+    "and spread of the end-to-end time, so that one draw does not decide a comparison.",
+)
 @click.option("--list-presets", is_flag=True, help="List the shipped presets and exit.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 def command(
@@ -155,6 +188,7 @@ def command(
     json_path: str | None,
     plot_dir: str | None,
     seed: int | None,
+    n_seeds: int,
     list_presets: bool,
     quiet: bool,
 ) -> None:
@@ -172,6 +206,8 @@ def command(
         raise click.UsageError("give exactly one of SCENARIO or --preset NAME (see --list-presets)")
     if seed is not None and seed < 0:
         raise click.BadParameter("must be >= 0", param_hint="--seed")
+    if n_seeds < 1:
+        raise click.BadParameter("must be >= 1", param_hint="--seeds")
 
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -191,6 +227,15 @@ def command(
     scenarios = [load_scenario(src, overrides=overrides) for src, _ in runs]
     if seed is not None:
         scenarios = [s.model_copy(update={"seed": seed}) for s in scenarios]
+    if policy and not scenarios[0].async_training.use_dynamic_resource_scheduling:
+        chosen = build_policy(scenarios[0], policy).name
+        if chosen != "static_fully_async":
+            raise ScenarioError(
+                f"--policy {policy}: scenario {scenarios[0].name!r} has "
+                "async_training.use_dynamic_resource_scheduling: false, so it has no hybrid "
+                f"replicas and {chosen!r} would run exactly like static_fully_async; add --set "
+                "async_training.use_dynamic_resource_scheduling=true"
+            )
     policies = [build_policy(sc, pol) for sc, (_, pol) in zip(scenarios, runs, strict=True)]
 
     err = Console(stderr=True)
@@ -222,11 +267,20 @@ def command(
                     "returned a wrong type); see the JSON report's decisions"
                 )
     out.print(_summary_table(results))
+    spread: dict[str, dict[str, Any]] = {}
+    if n_seeds > 1:
+        spread = _over_seeds(scenarios, runs, results, n_seeds)
+        for name, row in spread.items():
+            out.print(
+                f"{name}: end-to-end over seeds {row['seeds'][0]}..{row['seeds'][-1]}: mean "
+                f"{_fmt_h(row['mean_s'])}, min {_fmt_h(row['min_s'])}, max {_fmt_h(row['max_s'])} "
+                f"(spread {row['spread'] * 100:.1f}%), lower bound mean {_fmt_h(row['lower_bound_mean_s'])}"
+            )
     for name, frac in _speedups(results).items():
         word = "shorter" if frac >= 0 else "longer"
         out.print(f"{results[0].scenario.name} is {abs(frac) * 100:.1f}% {word} than {name}")
     if json_path:
-        _write_json(json_path, results)
+        _write_json(json_path, results, spread)
         out.print(f"wrote {json_path}")
     if plot_dir:
         paths = _write_plots(plot_dir, results)

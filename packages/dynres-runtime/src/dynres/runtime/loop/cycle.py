@@ -14,8 +14,10 @@ One sync cycle, in order (``g`` = global_steps before the cycle):
    rollouter's staleness budget is reset, the rollout window closes; ``global_steps = g + 1``.
 4. ``should_activate_after_step(ctx)``; if yes, activate (the hybrid replicas get the same
    weights during activation); an only-hybrid cluster always activates (the decisions module
-   clamps the answer: nothing else could generate). After an activation, if ``dynamic_schedule_enable_rebalance`` is on,
-   ``should_rebalance(ctx)`` and a rebalance if yes.
+   clamps the answer: nothing else could generate). After an activation, if
+   ``dynamic_schedule_enable_rebalance`` is on, ``should_rebalance(ctx)`` and a rebalance if yes.
+   After the run's final sync nothing is activated (nothing will be generated any more) and
+   the policy is not asked.
 5. ``update_after_step(ctx)`` with the same context as step 4.
 6. The cycle's metrics (:func:`dynres.core.metrics.cycle_metrics`) are emitted through
    ``dynres_metrics_emitted``.
@@ -123,6 +125,8 @@ class _Cycle:
     activated: bool = False
     rebalanced: bool = False
     moved: int = 0
+    sync_s: float = 0.0
+    queue_size_end: int = 0
 
 
 class TrainerLoop:
@@ -182,6 +186,7 @@ class TrainerLoop:
             logger.warning("no replica can generate the next collection; activating hybrid replicas")
             if not await w.controller.activate(self.last_update):
                 raise StopRun("no replica can generate: activating the hybrid replicas failed")
+            w.tracker.hybrid_started()
 
     # ---- The steps, in order ----------------------------------------------------------------
 
@@ -205,6 +210,7 @@ class TrainerLoop:
             lambda: w.queue.size >= target or w.rollouter.finished() or w.rollouter.demand_queued()
         )
         c.deactivate_wait_s = w.now() - t0
+        w.tracker.hybrid_stopping()
         await w.controller.deactivate()
         c.deactivate_s = w.controller.last_deactivate_duration_s
 
@@ -225,6 +231,7 @@ class TrainerLoop:
                 # training needs the GPUs. The hybrid replicas generated during this wait, so
                 # it counts as hybrid rollout time (the x of resource_utilization).
                 hybrid_wait = waited
+                w.tracker.hybrid_stopping()
                 await w.controller.deactivate()
                 c.deactivate_s = w.controller.last_deactivate_duration_s
             ts = w.now()
@@ -276,20 +283,31 @@ class TrainerLoop:
                 train_call_s=c.train_call_s,
                 consumed=w.tracker.step_required_samples,
                 generated=w.rollouter.generated - c.generated_before,
+                sync_s=c.sync_s,
             )
         )
+        # Read before any end-of-cycle activation: its rebalance and the hybrid replicas'
+        # output would otherwise count towards this cycle's queue (above the staleness cap).
+        c.queue_size_end = w.queue.size
         return window
 
     async def _decide(self, update: WeightUpdate, decisions: list[DecisionRecord]) -> tuple[bool, bool, int]:
         """Steps 4-5: activation, rebalance, policy update; return (activated, rebalanced, moved)."""
         w = self.wiring
         ctx = w.tracker.context()
-        rec = await w.guard.decide("should_activate_after_step", ctx)
-        decisions.append(rec)
         activated = rebalanced = False
         moved = 0
+        if w.tracker.total_steps and w.tracker.global_steps >= w.tracker.total_steps:
+            # The run's final sync: nothing will be generated any more, so an activation would
+            # only cost its switch (the policy still learns from the cycle).
+            decisions.append(await w.guard.decide("update_after_step", ctx))
+            return activated, rebalanced, moved
+        rec = await w.guard.decide("should_activate_after_step", ctx)
+        decisions.append(rec)
         if rec.value and not w.controller.is_hybrid_active and w.controller.usable_hybrid:
             activated = await w.controller.activate(update)
+            if activated:
+                w.tracker.hybrid_started()
             if activated and self.enable_rebalance:
                 rrec = await w.guard.decide("should_rebalance", w.tracker.context())
                 decisions.append(rrec)
@@ -339,7 +357,7 @@ class TrainerLoop:
             samples_generated=w.rollouter.generated - c.generated_before,
             samples_consumed=w.tracker.step_required_samples,
             samples_dropped_stale=w.queue.dropped_stale - c.dropped_before,
-            queue_size_end=w.queue.size,
+            queue_size_end=c.queue_size_end,
             weight_version=self.version,
             activate_duration_s=w.controller.last_activate_duration_s if c.activated else 0.0,
             deactivate_duration_s=c.deactivate_s,
@@ -374,7 +392,9 @@ class TrainerLoop:
         )
         await self._deactivate(c)
         await self._collect(c)
+        t_sync = w.now()
         update = await self._sync()
+        c.sync_s = w.now() - t_sync
         window = self._end_cycle(c)
         c.activated, c.rebalanced, c.moved = await self._decide(update, c.decisions)
         return self._report(c, window, decided_s=w.now())

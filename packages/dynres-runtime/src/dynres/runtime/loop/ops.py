@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -71,6 +72,8 @@ class OpRunner:
         t0 = self.now()
         stat = self.stats.setdefault(op, OpStat())
         try:
+            if math.isinf(self.timeout_s):
+                return await call()
             return await asyncio.wait_for(call(), self.timeout_s)
         except TimeoutError:
             stat.failures += 1

@@ -84,7 +84,8 @@ class RunSpec:
     plugin_manager: pluggy.PluginManager | None = None
     """Plugin manager for hooks; None: a fresh one with the installed ``dynres.plugins``."""
     op_timeout_s: float = 600.0
-    """Longest one backend operation on one replica or the trainer may take (seconds)."""
+    """Longest one backend operation on one replica or the trainer may take (seconds; inf = no
+    limit, for simulated engines whose durations are modelled, not faults)."""
     policy_timeout_s: float = 10.0
     """Longest one policy decision may take before the safe value is used (seconds)."""
     sleep_level: int = 1
@@ -265,6 +266,7 @@ class FullyAsyncRun:
         cycles: list[CycleReport] = []
         startup: list[DecisionRecord] = []
         stopped_early = ""
+        self.tracker.total_steps = self.tracker.global_steps + spec.num_cycles
         roll_task = asyncio.create_task(self.rollouter.run(), name="dynres-rollouter")
         end_to_end = 0.0
         try:

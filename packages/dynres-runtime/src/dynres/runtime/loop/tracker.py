@@ -16,10 +16,16 @@ Field definitions (beyond the verl ones documented on ScheduleContext):
 * ``consumption_rate``: samples the trainer consumed in the latest cycle / the seconds its
   ``train_step`` calls took.
 * ``last_train_time_s``: summed compute phases of the latest cycle's fit steps.
+* ``total_steps``: the run's starting ``global_steps`` plus the cycles it was asked to run.
+* ``last_hybrid_active_s`` / ``last_hybrid_generated_samples``: time from each hybrid activation
+  to the start of the next deactivation, and the samples finished meanwhile, summed over the
+  latest cycle (an activation after a cycle's weight sync counts towards the next cycle).
+* ``last_sync_s``: the latest cycle's weight sync (export and loading into standalone replicas).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -49,6 +55,12 @@ class CycleMeasurements:
     """Samples the trainer consumed in the cycle (count)."""
     generated: int = 0
     """Samples the rollouter finished during the cycle (count)."""
+    sync_s: float = 0.0
+    """Seconds of the cycle's weight sync (export and load into the standalone replicas)."""
+    hybrid_s: float = 0.0
+    """Seconds hybrid replicas were routable during the cycle (filled by the tracker)."""
+    hybrid_generated: int = 0
+    """Samples finished while they were (count, filled by the tracker)."""
 
 
 class RunTracker:
@@ -83,6 +95,11 @@ class RunTracker:
         """Completed sync cycles (count)."""
         self.last = CycleMeasurements()
         """Measurements of the latest finished cycle."""
+        self.total_steps = 0
+        """Sync cycles the run will have done when it ends (count; 0 = unknown)."""
+        self._hybrid_since: tuple[float, int] | None = None
+        self._hybrid_s = 0.0
+        self._hybrid_generated = 0
         self.queue = queue
         self.rollouter = rollouter
         self.balancer = balancer
@@ -94,9 +111,24 @@ class RunTracker:
         """required_samples x trigger_parameter_sync_step (samples)."""
         return step_required_samples(self.required_samples, self.trigger_parameter_sync_step)
 
+    def hybrid_started(self) -> None:
+        """Hybrid replicas just became routable: start counting their time and output."""
+        if self._hybrid_since is None:
+            self._hybrid_since = (self._now(), self.rollouter.generated)
+
+    def hybrid_stopping(self) -> None:
+        """Hybrid replicas are about to leave routing: add the interval to the current cycle."""
+        if self._hybrid_since is not None:
+            t0, g0 = self._hybrid_since
+            self._hybrid_s += self._now() - t0
+            self._hybrid_generated += self.rollouter.generated - g0
+            self._hybrid_since = None
+
     def end_cycle(self, m: CycleMeasurements) -> None:
-        """Record a finished cycle and count it in global_steps."""
-        self.last = m
+        """Record a finished cycle (with its hybrid time) and count it in global_steps."""
+        self.last = dataclasses.replace(m, hybrid_s=self._hybrid_s, hybrid_generated=self._hybrid_generated)
+        self._hybrid_s = 0.0
+        self._hybrid_generated = 0
         self.global_steps += 1
 
     def context(self) -> ScheduleContext:
@@ -108,6 +140,7 @@ class RunTracker:
             required_samples=self.required_samples,
             trigger_parameter_sync_step=self.trigger_parameter_sync_step,
             staleness_threshold=self.staleness_threshold,
+            total_steps=self.total_steps,
             total_generated_samples=self.rollouter.generated,
             expected_samples=self.step_required_samples * self.global_steps,
             queue_size=self.queue.size,
@@ -126,4 +159,7 @@ class RunTracker:
             consumption_rate=m.consumed / m.train_call_s if m.train_call_s > 0 else 0.0,
             last_train_time_s=m.train_time_s,
             last_cycle_time_s=m.cycle_time_s,
+            last_hybrid_active_s=m.hybrid_s,
+            last_hybrid_generated_samples=m.hybrid_generated,
+            last_sync_s=m.sync_s,
         )

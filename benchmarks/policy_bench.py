@@ -1,0 +1,172 @@
+"""Every built-in policy on every simulator preset: end-to-end time, ratio to the bound, regret.
+
+    .venv/bin/python benchmarks/policy_bench.py [--seeds N] [--jobs J] [--scenario NAME ...]
+        [--policies default,static_fully_async,fixed_ratio,predictive] [--json FILE]
+
+Each preset runs with dynamic scheduling switched on (``use_dynamic_resource_scheduling:
+true``), so that a static preset is the same cluster with hybrid replicas available; presets
+that are then identical to an earlier one (a static baseline of a dynamic preset) are run once.
+Every (scenario, policy) pair runs with seeds ``0 .. N-1`` (response lengths, routing ties), the
+same seeds for every policy, and the table shows the mean. Per scenario and policy it prints:
+
+* ``mean h`` and ``spread``: mean end-to-end time over the seeds (hours) and max - min (%);
+* ``/bound``: mean end-to-end / mean tight lower bound (``lower_bound_s``);
+* ``regret``: mean end-to-end / the better mean of ``default`` and ``static_fully_async``, - 1;
+* ``sw``: mean hybrid switches (activations + deactivations).
+
+Then the geometric means over scenarios of each policy's time relative to ``default`` and to
+``static_fully_async``, and whether ``predictive`` met its targets: at most 1.01 x min(default,
+static_fully_async) on every scenario, geomean predictive / default <= 0.97. Nothing here is a
+test; the numbers are for reading.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any
+
+POLICIES = ("default", "static_fully_async", "fixed_ratio", "predictive")
+DYNAMIC_ON = {"async_training.use_dynamic_resource_scheduling": True}
+REGRET_LIMIT = 1.01
+GEOMEAN_LIMIT = 0.97
+
+
+def scenarios(names: list[str] | None) -> list[str]:
+    """The presets to run, without ones identical (dynamic on, policy aside) to an earlier one."""
+    from dynres.runtime.sim.presets import preset_names
+    from dynres.runtime.sim.scenario import load_scenario
+
+    chosen = names or preset_names()
+    seen: dict[str, str] = {}
+    out = []
+    for name in chosen:
+        sc = load_scenario(name, overrides=DYNAMIC_ON)
+        key = sc.model_dump(exclude={"name": True, "description": True, "async_training": {"dynamic_schedule_policy"}})
+        text = json.dumps(key, sort_keys=True)
+        if text in seen and not names:
+            print(f"# {name}: same run as {seen[text]} with dynamic scheduling on; skipped", file=sys.stderr)
+            continue
+        seen[text] = name
+        out.append(name)
+    return out
+
+
+def run_one(job: tuple[str, str, int]) -> dict[str, Any]:
+    """Simulate one (scenario, policy, seed); return its headline numbers."""
+    from dynres.runtime.sim import simulate
+
+    scenario, policy, seed = job
+    r = simulate(scenario, policy=policy, seed=seed, overrides=DYNAMIC_ON)
+    return {
+        "scenario": scenario,
+        "policy": policy,
+        "seed": seed,
+        "end_to_end_s": r.end_to_end_s,
+        "lower_bound_s": r.lower_bound_s,
+        "lower_bound_naive_s": getattr(r, "lower_bound_naive_s", r.lower_bound_s),
+        "switches": r.switches,
+    }
+
+
+def summarise(rows: list[dict[str, Any]], policies: list[str]) -> dict[str, Any]:
+    """Mean, spread, ratio to the bound and regret per scenario and policy; geomeans."""
+    table: dict[str, dict[str, dict[str, float]]] = {}
+    for sc in dict.fromkeys(r["scenario"] for r in rows):
+        table[sc] = {}
+        for pol in policies:
+            mine = [r for r in rows if r["scenario"] == sc and r["policy"] == pol]
+            e2e = [r["end_to_end_s"] for r in mine]
+            mean = statistics.fmean(e2e)
+            table[sc][pol] = {
+                "mean_s": mean,
+                "spread": (max(e2e) - min(e2e)) / mean,
+                "bound_s": statistics.fmean(r["lower_bound_s"] for r in mine),
+                "naive_bound_s": statistics.fmean(r["lower_bound_naive_s"] for r in mine),
+                "switches": statistics.fmean(r["switches"] for r in mine),
+            }
+        base = [table[sc][p]["mean_s"] for p in ("default", "static_fully_async") if p in table[sc]]
+        best = min(base) if base else math.nan
+        for pol in policies:
+            t = table[sc][pol]
+            t["ratio_to_bound"] = t["mean_s"] / t["bound_s"]
+            t["regret"] = t["mean_s"] / best - 1.0
+    geo: dict[str, dict[str, float]] = {}
+    for ref in ("default", "static_fully_async"):
+        if ref not in policies:
+            continue
+        geo[ref] = {
+            pol: math.exp(
+                statistics.fmean(math.log(table[sc][pol]["mean_s"] / table[sc][ref]["mean_s"]) for sc in table)
+            )
+            for pol in policies
+        }
+    return {"table": table, "geomean_vs": geo}
+
+
+def print_report(summary: dict[str, Any], policies: list[str], seeds: int) -> None:
+    """The table, the geomeans and the predictive targets."""
+    table = summary["table"]
+    print(f"seeds per run: {seeds}; regret = mean / min(default, static_fully_async) - 1")
+    head = f"{'scenario':<24} {'bound h':>8} {'naive h':>8}"
+    for pol in policies:
+        head += f" | {pol[:18]:>18} {'/bound':>6} {'regret':>7} {'sw':>5}"
+    print(head)
+    print("-" * len(head))
+    for sc, row in table.items():
+        first = row[policies[0]]
+        line = f"{sc:<24} {first['bound_s'] / 3600:8.3f} {first['naive_bound_s'] / 3600:8.3f}"
+        for pol in policies:
+            t = row[pol]
+            cell = f"{t['mean_s'] / 3600:.3f}h±{t['spread'] * 100:.1f}%"
+            line += f" | {cell:>18} {t['ratio_to_bound']:6.3f} {t['regret'] * 100:+6.1f}% {t['switches']:5.0f}"
+        print(line)
+    for ref, geo in summary["geomean_vs"].items():
+        print(f"geomean vs {ref}: " + ", ".join(f"{p} {v:.4f}" for p, v in geo.items()))
+    if "predictive" in policies and "default" in summary["geomean_vs"]:
+        worst = max(table.items(), key=lambda kv: kv[1]["predictive"]["regret"])
+        geo = summary["geomean_vs"]["default"]["predictive"]
+        ok_regret = worst[1]["predictive"]["regret"] <= REGRET_LIMIT - 1.0
+        print(
+            f"predictive targets: worst regret {worst[1]['predictive']['regret'] * 100:+.2f}% on {worst[0]} "
+            f"(limit {(REGRET_LIMIT - 1) * 100:+.0f}%: {'met' if ok_regret else 'MISSED'}); geomean vs default "
+            f"{geo:.4f} (limit {GEOMEAN_LIMIT}: {'met' if geo <= GEOMEAN_LIMIT else 'MISSED'})"
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse arguments, run everything, print the report."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", type=int, default=3, help="seeds per (scenario, policy), 0 .. N-1 (default 3)")
+    ap.add_argument("--jobs", type=int, default=1, help="simulations run in parallel processes (default 1)")
+    ap.add_argument("--scenario", action="append", help="preset or scenario file (default: every preset)")
+    ap.add_argument("--policies", default=",".join(POLICIES), help="comma-separated policy names")
+    ap.add_argument("--json", help="also write the per-run rows and the summary to this file")
+    args = ap.parse_args(argv)
+    if args.seeds < 1 or args.jobs < 1:
+        ap.error("--seeds and --jobs must be >= 1")
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    names = scenarios(args.scenario)
+    jobs = [(sc, pol, seed) for sc in names for pol in policies for seed in range(args.seeds)]
+    if args.jobs == 1:
+        rows = []
+        for job in jobs:
+            rows.append(run_one(job))
+            print(f"# {job[0]} {job[1]} seed {job[2]}: {rows[-1]['end_to_end_s']:.0f} s", file=sys.stderr)
+    else:
+        with ProcessPoolExecutor(args.jobs) as pool:
+            rows = list(pool.map(run_one, jobs))
+    summary = summarise(rows, policies)
+    print_report(summary, policies, args.seeds)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump({"rows": rows, **summary}, fh, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,459 @@
+"""`predictive`: lend the trainer's GPUs only when a forecast of the next cycle says it pays."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
+
+from pydantic import ConfigDict, Field, model_validator
+
+from dynres.core import Policy, ScheduleContext
+from dynres.core.errors import PolicyValidationError
+
+
+@dataclass(frozen=True)
+class Estimates:
+    """What the policy has learned from finished cycles (all JSON numbers; 0 = not measured yet).
+
+    Rates are kept relative to the training time of a cycle, so they stay valid while response
+    lengths (and with them both generation and training time) grow during a run.
+    """
+
+    train_s: float = 0.0
+    """Seconds of train_step calls per sync cycle (seconds)."""
+    sync_s: float = 0.0
+    """Seconds of one weight sync (seconds)."""
+    activate_s: float = 0.0
+    """Seconds of one activation (seconds)."""
+    deactivate_s: float = 0.0
+    """Seconds of one deactivation (seconds)."""
+    standalone_share: float = 0.0
+    """Samples the standalone replicas produce per second of training, over a cycle's samples
+    (1 = exactly keeps up with the trainer; fraction)."""
+    collect_share: float = 0.0
+    """The same for what arrives in the queue after a deactivation (standalone production plus
+    the hybrid replicas' unfinished work they resume; fraction)."""
+    wait_bias: float = 0.0
+    """Correction added to the forecast wait target, learned from waits after deactivation (samples)."""
+    static_idle_share: float = -1.0
+    """Realised trainer idle per second of training in cycles without hybrids (ratio; -1 = none seen)."""
+    hybrid_idle_share: float = -1.0
+    """The same in cycles with hybrids, activation and deactivation included (ratio; -1 = none seen)."""
+    hybrid_cycles: int = 0
+    """Cycles that ran with hybrid replicas (count)."""
+    last_hybrid_step: int = 0
+    """global_steps after the latest cycle that ran with hybrid replicas (global step; 0 = none)."""
+    static_cycles: int = 0
+    """Cycles that ran without hybrid replicas (count)."""
+    losses: int = 0
+    """Consecutive hybrid cycles that realised no saving over the static reference (count)."""
+    backoff: int = 0
+    """Length of the latest back-off (cycles; 0 = never backed off)."""
+    suppress_until: int = 0
+    """No activation while global_steps is below this (global step; a back-off in force)."""
+
+
+@dataclass(frozen=True)
+class Forecast:
+    """The next cycle's trainer idle with and without hybrid replicas, and the wait target."""
+
+    static_idle_s: float
+    """Forecast trainer idle without hybrid replicas (seconds)."""
+    hybrid_idle_s: float
+    """Forecast trainer idle with hybrid replicas, activation and deactivation included (seconds)."""
+    switch_s: float
+    """Measured (or assumed) activation + deactivation cost (seconds)."""
+    wait_samples: int
+    """Queue size to wait for before deactivating (samples)."""
+
+    @property
+    def saving_s(self) -> float:
+        """Idle the hybrid replicas are expected to remove, switches paid (seconds; may be negative)."""
+        return self.static_idle_s - self.hybrid_idle_s
+
+
+class PredictivePolicy(Policy):
+    """Forecast the next cycle's trainer idle and lend the GPUs only when the saving beats the switch.
+
+    The model of one sync cycle (``n`` fit steps of ``t`` seconds, ``k`` samples each, ``q``
+    samples queued when it starts, standalone production ``g`` samples/s, hybrid replicas adding
+    ``rho x g`` while active, activation ``a`` and deactivation ``d`` seconds):
+
+    * without hybrids fit step ``i`` (from 0) needs ``(i + 1) k`` samples ``i t`` seconds in, so
+      the trainer idles ``X = max(0, max_i ((i + 1) k - q) / g - i t)``;
+    * with hybrids active for ``h`` seconds the same samples arrive ``rho h`` seconds of
+      production earlier, at the price of ``a + d``; the least ``h`` that removes every later wait
+      is ``(X - a - d) / (1 + rho)``, so the idle is ``a + d + h`` and the saving
+      ``(X - a - d) rho / (1 + rho)``.
+
+    ``should_activate_after_step`` says yes when that saving exceeds ``switch_cost_margin`` of
+    the measured switch cost. The wait target is what the queue must hold at deactivation so that
+    what arrives afterwards (measured separately: it includes the hybrid replicas' unfinished work,
+    resumed on standalone replicas) feeds every fit step, plus a correction learned from the waits
+    that still happened.
+
+    Every cycle updates the estimates (exponential averages with weight ``ema_weight``); a cycle in
+    which the trainer never waited and the queue reached its staleness cap only raises production
+    estimates (it was held back by the budget, not by the replicas). ``rho`` starts at the
+    replica-count ratio (a hybrid replica as fast as a standalone one) and is measured against
+    the standalone rate of cycles without hybrids; with ``calibrate_static`` on, the second cycle
+    runs without hybrids to measure it when the run is long enough to profit.
+
+    After each hybrid cycle the realised idle (everything but training and the weight sync,
+    switches included) is compared with the static reference: the idle per training second of
+    cycles without hybrids, or the forecast when there were none. After ``backoff_after`` hybrid
+    cycles in a row without a saving the policy stops activating for ``probe_interval_min``
+    cycles, and doubles the pause (up to ``probe_interval_max``) each time the next probe fails
+    too. An only-hybrid cluster always activates (nothing else generates); when the run's length
+    is known nothing is activated after its final sync.
+    """
+
+    name = "predictive"
+
+    class Params(Policy.Params):
+        """Tunables of the predictive policy."""
+
+        model_config = ConfigDict(allow_inf_nan=False)
+
+        switch_cost_margin: float = Field(
+            0.2,
+            ge=0.0,
+            le=10.0,
+            description="Activate only if the forecast net saving exceeds this fraction of the switch cost (fraction).",
+        )
+        switch_cost_fallback_s: float = Field(
+            10.0, ge=0.0, description="Activation + deactivation cost assumed before any was measured (seconds)."
+        )
+        wait_margin: float = Field(
+            0.0,
+            ge=0.0,
+            le=1.0,
+            description="Extra samples in the wait target, as a fraction of a cycle's samples (fraction).",
+        )
+        wait_increase: float = Field(
+            0.5,
+            ge=0.0,
+            le=2.0,
+            description="Raise of the wait target after a hybrid cycle whose fit steps still waited, as a "
+            "fraction of the most samples one of them waited for (fraction).",
+        )
+        wait_decrease: float = Field(
+            0.02,
+            ge=0.0,
+            le=1.0,
+            description="Cut of the wait target after a hybrid cycle whose fit steps never waited "
+            "(fraction of a cycle's samples).",
+        )
+        initial_wait_ratio: float = Field(
+            0.5,
+            ge=0.0,
+            le=1.0,
+            description="Wait target before anything is measured (fraction of a cycle's samples).",
+        )
+        ema_weight: float = Field(
+            0.3, gt=0.0, le=1.0, description="Weight of the newest cycle in every running estimate (fraction)."
+        )
+        backoff_after: int = Field(
+            3, ge=1, description="Hybrid cycles in a row without a realised saving before backing off (count)."
+        )
+        probe_interval_min: int = Field(4, ge=1, description="Cycles without activation after a back-off (cycles).")
+        probe_interval_max: int = Field(
+            32, ge=1, description="Longest back-off; each failed probe doubles it up to this (cycles)."
+        )
+        activate_at_start: bool = Field(
+            True,
+            description="Activate before the first cycle, when nothing is measured (the trainer waits for "
+            "its first batch anyway).",
+        )
+        activate_at_start_min_steps: int = Field(
+            0,
+            ge=0,
+            description="With activate_at_start, activate before the first cycle only if the run is known "
+            "to last at least this many cycles (cycles; 0 = any length).",
+        )
+        calibrate_static: bool = Field(
+            True,
+            description="Run one cycle without hybrids early on to measure what hybrids add (see "
+            "calibrate_by, calibrate_min_steps).",
+        )
+        calibrate_by: int = Field(
+            4,
+            ge=1,
+            description="Latest global step for the calibration cycle if no cycle ended with a full queue "
+            "before (global step).",
+        )
+        calibrate_min_steps: int = Field(
+            20, ge=1, description="Known remaining cycles needed before a calibration cycle is worth it (cycles)."
+        )
+        last_cycle_min_gain: float = Field(
+            0.25,
+            ge=0.0,
+            description="Activate for the run's final cycle (when total_steps is known) only if the measured "
+            "hybrid gain rho is at least this (ratio).",
+        )
+        rebalance: bool = Field(True, description="Move in-flight work onto freshly activated replicas.")
+
+        @model_validator(mode="after")
+        def _check_bounds(self) -> PredictivePolicy.Params:
+            if self.probe_interval_min > self.probe_interval_max:
+                raise ValueError("probe_interval_min must be <= probe_interval_max")
+            return self
+
+    params: Params
+
+    def __init__(self, params: Params | Mapping[str, Any] | None = None) -> None:
+        """Start with nothing measured."""
+        super().__init__(params)
+        self.est = Estimates()
+
+    # ---- Decisions ------------------------------------------------------------------------
+
+    def should_deactivate(self, ctx: ScheduleContext) -> bool:
+        """Hand the GPUs back to the trainer whenever hybrid replicas are active."""
+        return ctx.is_hybrid_active
+
+    def deactivate_wait_samples(self, ctx: ScheduleContext) -> int:
+        """Wait until the queue holds what the cycle's fit steps need beyond later arrivals."""
+        return self.forecast(ctx, self.est).wait_samples
+
+    def should_activate_after_step(self, ctx: ScheduleContext) -> bool:
+        """Activate when the forecast saving of the next cycle beats the switch cost."""
+        if ctx.only_hybrid:
+            return True
+        return self._decide(ctx, self.learn(ctx))
+
+    def should_rebalance(self, ctx: ScheduleContext) -> bool:
+        """Move work onto freshly activated replicas (``rebalance`` param)."""
+        return self.params.rebalance
+
+    def update_after_step(self, ctx: ScheduleContext) -> None:
+        """Learn rates, costs and the realised saving from the finished cycle."""
+        self.est = self.learn(ctx)
+
+    def _decide(self, ctx: ScheduleContext, est: Estimates) -> bool:
+        if ctx.num_hybrid_replicas == 0:
+            return False
+        remaining = ctx.total_steps - ctx.global_steps if ctx.total_steps else -1
+        if remaining == 0:
+            return False  # the final sync leaves nothing to generate for
+        if remaining == 1 and self.measured_gain(est) < self.params.last_cycle_min_gain:
+            # Before the final cycle the run's last samples are all admitted: hybrids only take
+            # over work in flight, and slow ones would hold the run's last samples.
+            return False
+        if ctx.global_steps == 0 or est.train_s <= 0:
+            # Nothing measured: the trainer waits for its first batch anyway, but the first
+            # switch may be slow (cold engines), which only a long run repays.
+            short = 0 < ctx.total_steps < self.params.activate_at_start_min_steps
+            return self.params.activate_at_start and not short
+        if ctx.global_steps < est.suppress_until:
+            return False
+        p = self.params
+        fc = self.forecast(ctx, est)
+        if est.backoff and ctx.global_steps == est.suppress_until:
+            return True  # the back-off is over: probe once, the realised cycle decides again
+        stale = ctx.global_steps - est.last_hybrid_step >= p.probe_interval_max
+        if stale and est.hybrid_cycles and fc.static_idle_s > fc.switch_s:
+            return True  # what hybrids add was measured long ago: probe once
+        if (
+            p.calibrate_static
+            and est.static_cycles == 0
+            and (remaining < 0 or remaining >= p.calibrate_min_steps)
+            and (ctx.queue_size >= ctx.buffer_samples or ctx.global_steps >= p.calibrate_by)
+        ):
+            # The saving rests on the replica-count prior: measure one cycle without hybrids,
+            # preferably one that starts with a full queue (it loses the least).
+            return False
+        return fc.saving_s > p.switch_cost_margin * fc.switch_s
+
+    # ---- Forecast -------------------------------------------------------------------------
+
+    def switch_cost(self, est: Estimates) -> float:
+        """Measured activation + deactivation seconds, or the fallback before any was measured."""
+        if est.activate_s <= 0 and est.deactivate_s <= 0:
+            return self.params.switch_cost_fallback_s
+        return est.activate_s + est.deactivate_s
+
+    def measured_gain(self, est: Estimates) -> float:
+        """rho measured from cycles with and without hybrids, or infinity before both ran (ratio)."""
+        if est.static_idle_share < 0 or est.hybrid_idle_share < 0 or est.train_s <= 0:
+            return math.inf
+        static_idle = est.static_idle_share * est.train_s
+        saving = (est.static_idle_share - est.hybrid_idle_share) * est.train_s
+        room = static_idle - self.switch_cost(est)
+        r = min(0.95, max(0.0, saving / room)) if room > 0 else 0.0
+        return r / (1.0 - r)
+
+    def hybrid_gain(self, ctx: ScheduleContext, est: Estimates) -> float:
+        """rho: extra production with hybrids over the standalone replicas' alone (ratio).
+
+        Measured when both kinds of cycle have run: the model's saving ``(X - a - d) rho / (1 +
+        rho)`` set equal to the realised one, ``X`` being the measured static idle. Before that,
+        the replica-count prior (a hybrid replica as productive as a standalone one).
+        """
+        measured = self.measured_gain(est)
+        if math.isfinite(measured):
+            return measured
+        return ctx.num_hybrid_replicas / max(1, ctx.num_standalone_replicas)
+
+    def forecast(self, ctx: ScheduleContext, est: Estimates) -> Forecast:
+        """Forecast the next cycle from the queue in ``ctx`` and the estimates ``est``."""
+        step_required = ctx.step_required_samples
+        limit = step_required + ctx.buffer_samples
+        k, n = ctx.required_samples, ctx.trigger_parameter_sync_step
+        q = ctx.queue_size
+        switch = self.switch_cost(est)
+        if est.train_s <= 0 or est.standalone_share <= 0:
+            ratio = 1.0 if ctx.only_hybrid else self.params.initial_wait_ratio
+            wait = min(limit, math.ceil(step_required * ratio))
+            return Forecast(static_idle_s=0.0, hybrid_idle_s=switch, switch_s=switch, wait_samples=wait)
+        t = est.train_s / n
+        g = est.standalone_share * step_required / est.train_s
+        static_idle = max(0.0, *(((i + 1) * k - q) / g - i * t for i in range(n)))
+        rho = self.hybrid_gain(ctx, est)
+        fill = max(0.0, static_idle - switch) / (1.0 + rho)
+        g_c = max(est.collect_share, est.standalone_share) * step_required / est.train_s
+        wait = max((i + 1) * k - g_c * (est.deactivate_s + i * t) for i in range(n))
+        wait += est.wait_bias + self.params.wait_margin * step_required
+        if not all(math.isfinite(x) for x in (static_idle, fill, wait)):
+            # Extreme estimates (a rate near zero): decide nothing on them.
+            return Forecast(static_idle_s=0.0, hybrid_idle_s=switch, switch_s=switch, wait_samples=limit)
+        return Forecast(
+            static_idle_s=static_idle,
+            hybrid_idle_s=switch + fill,
+            switch_s=switch,
+            wait_samples=max(0, min(limit, math.ceil(wait))),
+        )
+
+    # ---- Learning -------------------------------------------------------------------------
+
+    def learn(self, ctx: ScheduleContext) -> Estimates:
+        """The estimates after the cycle ``ctx`` reports on (pure: ``self.est`` is not changed)."""
+        est = self.est
+        if ctx.global_steps <= 0 or ctx.last_cycle_time_s <= 0:
+            return est
+        w = self.params.ema_weight
+        step_required = ctx.step_required_samples
+        cycle_s = ctx.last_cycle_time_s
+        train_s = step_required / ctx.consumption_rate if ctx.consumption_rate > 0 else ctx.last_train_time_s
+        if not (0 < train_s < _MAX_SECONDS):
+            return est  # nothing measured, or a rate too small to be a measurement
+        waited = sum(ctx.step_wait_times) > 0
+        # Neither waited nor below the staleness cap: production was held back by the budget.
+        throttled = not waited and ctx.queue_size >= ctx.buffer_samples
+        generated = ctx.generation_rate * cycle_s
+        h = ctx.last_hybrid_active_s
+        out = replace(
+            est,
+            train_s=_ema(est.train_s, train_s, w),
+            sync_s=_ema(est.sync_s, ctx.last_sync_s, w) if ctx.last_sync_s > 0 else est.sync_s,
+            activate_s=ctx.last_activate_duration_s or est.activate_s,
+            deactivate_s=ctx.last_deactivate_duration_s or est.deactivate_s,
+        )
+        idle_s = max(0.0, cycle_s - train_s - ctx.last_sync_s)
+        # The run's first cycle starts from an empty pipeline and says little about later ones.
+        settled = ctx.global_steps > 1
+        if h > 0:
+            rest_s = max(1e-9, cycle_s - h)
+            collect = max(0.0, generated - ctx.last_hybrid_generated_samples) / rest_s * train_s / step_required
+            out = replace(
+                out,
+                hybrid_cycles=out.hybrid_cycles + 1,
+                last_hybrid_step=ctx.global_steps,
+                collect_share=_ema(out.collect_share, collect, w) if collect > 0 else out.collect_share,
+            )
+            if out.static_cycles == 0:
+                # No cycle without hybrids yet: infer the standalone production through rho.
+                share = generated / (cycle_s + self.hybrid_gain(ctx, out) * h) * train_s / step_required
+                out = _learn_share(out, share, throttled, w)
+            # The wait target missed by what the collections still had to wait for; a cycle
+            # that never waited may have waited too long for its hybrids: lower it a little.
+            missing = max(ctx.step_wait_samples, default=0)
+            if missing:
+                bias = out.wait_bias + self.params.wait_increase * missing
+            else:
+                bias = out.wait_bias - self.params.wait_decrease * step_required
+            if settled:
+                share = (idle_s + ctx.last_activate_duration_s) / train_s
+                prev = out.hybrid_idle_share
+                out = replace(
+                    out,
+                    wait_bias=max(-step_required, min(step_required, bias)),
+                    hybrid_idle_share=share if prev < 0 else _ema(prev, share, w),
+                )
+                out = self._judge(ctx, out)
+        else:
+            share = generated / cycle_s * train_s / step_required
+            if est.static_cycles == 0 and share > 0:
+                # The first direct measurement replaces what was inferred through the prior.
+                out = replace(out, standalone_share=share)
+            else:
+                out = _learn_share(out, share, throttled, w)
+            out = replace(out, static_cycles=out.static_cycles + 1)
+            if settled:
+                share = idle_s / train_s
+                prev = out.static_idle_share
+                out = replace(out, static_idle_share=share if prev < 0 else _ema(prev, share, w))
+        return out
+
+    def _judge(self, ctx: ScheduleContext, est: Estimates) -> Estimates:
+        """Count a hybrid cycle after which the running hybrid idle is no better than the measured
+        static idle; back off after ``backoff_after`` in a row."""
+        if ctx.only_hybrid or est.static_idle_share < 0:
+            # Only measured cycles are evidence against switching: a forecast that disagrees
+            # with a measured hybrid cycle is more likely wrong than the measurement.
+            return est
+        if est.hybrid_idle_share < est.static_idle_share:
+            return replace(est, losses=0)
+        losses = est.losses + 1
+        if losses < self.params.backoff_after:
+            return replace(est, losses=losses)
+        p = self.params
+        backoff = p.probe_interval_min if est.backoff == 0 else min(p.probe_interval_max, 2 * est.backoff)
+        return replace(est, losses=0, backoff=backoff, suppress_until=ctx.global_steps + backoff)
+
+    # ---- State ----------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Every estimate and counter (JSON numbers)."""
+        return asdict(self.est)
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned; reject missing, unknown or non-finite values."""
+        names = {f.name: f for f in fields(Estimates)}
+        if set(state) != set(names):
+            raise PolicyValidationError(
+                f"policy 'predictive': state keys {sorted(state)} do not match {sorted(names)}; "
+                "pass what state_dict() returned"
+            )
+        values: dict[str, Any] = {}
+        for name, f in names.items():
+            raw = state[name]
+            if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not math.isfinite(raw):
+                raise PolicyValidationError(
+                    f"policy 'predictive': state {name}={raw!r} must be a finite number; pass what "
+                    "state_dict() returned"
+                )
+            if f.type == "int" and raw != int(raw):
+                raise PolicyValidationError(f"policy 'predictive': state {name}={raw!r} must be a whole number")
+            floor = -1.0 if f.default == -1.0 else (-math.inf if name == "wait_bias" else 0.0)
+            if raw < floor:
+                raise PolicyValidationError(f"policy 'predictive': state {name}={raw!r} must be >= {floor:g}")
+            values[name] = int(raw) if f.type == "int" else float(raw)
+        self.est = Estimates(**values)
+
+
+_MAX_SECONDS = 1e9
+"""Durations beyond this (about 30 years) are not measurements (seconds)."""
+
+
+def _ema(old: float, new: float, weight: float) -> float:
+    return new if old <= 0 else (1.0 - weight) * old + weight * new
+
+
+def _learn_share(est: Estimates, share: float, throttled: bool, weight: float) -> Estimates:
+    # A throttled cycle's production is only a floor on what the replicas can do.
+    if share <= 0 or (throttled and share <= est.standalone_share):
+        return est
+    return replace(est, standalone_share=_ema(est.standalone_share, share, weight))

@@ -1,0 +1,251 @@
+"""The predictive policy: forecast, wait target, learning, back-off, state, and whole simulated runs."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import pytest
+from policies_helpers import make_ctx
+
+from dynres.core import ScheduleContext
+from dynres.core.errors import PolicyParamsError, PolicyValidationError
+from dynres.policies.predictive import Estimates, PredictivePolicy
+
+# 25 samples x 4 collections = 100 samples per cycle, 2 standalone + 2 hybrid replicas.
+S = 100
+
+
+def cycle_ctx(
+    step: int,
+    *,
+    cycle_s: float,
+    train_s: float = 200.0,
+    generated: float = S,
+    waits: tuple[float, ...] = (0.0, 0.0, 0.0, 0.0),
+    wait_samples: tuple[int, ...] = (0, 0, 0, 0),
+    hybrid_s: float = 0.0,
+    hybrid_generated: int = 0,
+    queue: int = 0,
+    total_steps: int = 0,
+    activate_s: float = 10.0,
+    deactivate_s: float = 6.0,
+    **kw: Any,
+) -> ScheduleContext:
+    """The context after cycle ``step`` ended, as the tracker builds it."""
+    return make_ctx(
+        global_steps=step,
+        staleness_threshold=0.5,
+        total_generated_samples=S * step + queue,
+        queue_size=queue,
+        step_wait_times=waits,
+        step_wait_samples=wait_samples,
+        generation_rate=generated / cycle_s,
+        consumption_rate=S / train_s,
+        last_train_time_s=train_s,
+        last_cycle_time_s=cycle_s,
+        last_hybrid_active_s=hybrid_s,
+        last_hybrid_generated_samples=hybrid_generated,
+        last_sync_s=4.0,
+        last_activate_duration_s=activate_s,
+        last_deactivate_duration_s=deactivate_s,
+        total_steps=total_steps,
+        **kw,
+    )
+
+
+def run(policy: PredictivePolicy, contexts: list[ScheduleContext]) -> list[bool]:
+    """Feed the cycles as the runtime does (activate, then update, same context); return the answers."""
+    answers = []
+    for ctx in contexts:
+        answers.append(policy.should_activate_after_step(ctx))
+        policy.update_after_step(ctx)
+    return answers
+
+
+def production_bound(step: int, hybrid: bool, **kw: Any) -> ScheduleContext:
+    """A cycle where standalone replicas make 100 samples in 500 s while training takes 200 s."""
+    if hybrid:
+        return cycle_ctx(step, cycle_s=380.0, hybrid_s=150.0, hybrid_generated=30, **kw)
+    return cycle_ctx(step, cycle_s=500.0, waits=(150.0, 60.0, 50.0, 40.0), wait_samples=(20, 10, 8, 6), **kw)
+
+
+def test_params_have_units_and_reject_unknown_keys() -> None:
+    for name, field in PredictivePolicy.Params.model_fields.items():
+        assert field.description, name
+    with pytest.raises(PolicyParamsError, match="switch_cost_margin"):
+        PredictivePolicy({"switch_cost_margn": 0.1})
+    with pytest.raises(PolicyParamsError, match="probe_interval_min"):
+        PredictivePolicy({"probe_interval_min": 8, "probe_interval_max": 4})
+
+
+def test_only_hybrid_always_activates_whatever_was_learned() -> None:
+    p = PredictivePolicy()
+    p.est = Estimates(train_s=100.0, standalone_share=5.0, suppress_until=10**6, activate_s=1e4)
+    ctx = make_ctx(num_standalone_replicas=0, num_hybrid_replicas=2, global_steps=3)
+    assert p.should_activate_after_step(ctx) is True
+
+
+def test_no_activation_after_the_final_sync_or_without_hybrid_replicas() -> None:
+    p = PredictivePolicy()
+    assert p.should_activate_after_step(make_ctx(global_steps=0)) is True  # start: nothing measured
+    assert p.should_activate_after_step(make_ctx(global_steps=5, total_steps=5)) is False
+    assert p.should_activate_after_step(make_ctx(global_steps=0, num_hybrid_replicas=0)) is False
+
+
+def test_forecast_matches_the_documented_model() -> None:
+    # share 0.4: 40 samples per 200 s of training, g = 0.2 samples/s; t = 50 s per fit step.
+    p = PredictivePolicy()
+    est = Estimates(train_s=200.0, standalone_share=0.4, collect_share=0.4, activate_s=10.0, deactivate_s=6.0)
+    fc = p.forecast(make_ctx(queue_size=10, staleness_threshold=0.5), est)
+    # X = max_i ((i+1) 25 - 10) / 0.2 - 50 i = max(75, 150, 225, 300) = 300 s.
+    assert fc.static_idle_s == pytest.approx(300.0)
+    # rho = 2 hybrid / 2 standalone = 1 (prior): idle = 16 + (300 - 16) / 2 = 158 s.
+    assert fc.hybrid_idle_s == pytest.approx(158.0)
+    assert fc.saving_s == pytest.approx(142.0)
+    # W = max_i ((i+1) 25 - 0.2 (6 + 50 i)) = 100 - 0.2 x 156 = 68.8 -> 69.
+    assert fc.wait_samples == 69
+
+
+def test_training_bound_cycles_stop_the_activations() -> None:
+    # The standalone replicas make 100 samples in 150 s and training takes 200 s: the trainer
+    # never waits, so no switch can pay.
+    p = PredictivePolicy()
+    ctxs = [cycle_ctx(k, cycle_s=210.0, queue=50, generated=S) for k in range(1, 6)]
+    answers = run(p, [make_ctx(global_steps=0), *ctxs])
+    assert answers[0] is True and answers[1:] == [False] * 5
+    assert p.forecast(ctxs[-1], p.est).static_idle_s == 0.0
+
+
+def test_production_bound_cycles_keep_activating() -> None:
+    p = PredictivePolicy({"calibrate_static": False})
+    ctxs = [production_bound(k, hybrid=True) for k in range(1, 8)]
+    answers = run(p, [make_ctx(global_steps=0), *ctxs])
+    assert all(answers)
+
+
+def test_an_expensive_switch_is_not_paid_for_a_small_saving() -> None:
+    # Same production-bound cycles, but a switch costs 600 s: more than the idle it could remove.
+    answers = []
+    for act, deact in ((10.0, 6.0), (400.0, 200.0)):
+        pol = PredictivePolicy()
+        pol.est = Estimates(train_s=200.0, standalone_share=0.4, static_cycles=2)
+        ctx = production_bound(3, hybrid=False, activate_s=act, deactivate_s=deact)
+        answers.append(pol.should_activate_after_step(ctx))
+    assert answers == [True, False]
+
+
+def test_learning_continues_in_cycles_where_hybrids_removed_the_wait() -> None:
+    # The verl port only learns from cycles that waited; predictive updates its rates from every
+    # cycle, so a slower training time measured in a no-wait hybrid cycle changes the forecast.
+    p = PredictivePolicy({"calibrate_static": False})
+    run(p, [make_ctx(global_steps=0), production_bound(1, hybrid=True), production_bound(2, hybrid=True)])
+    before = p.est.train_s
+    run(p, [production_bound(3, hybrid=True, train_s=400.0)])
+    assert p.est.train_s > before
+
+
+def test_wait_target_rises_after_waits_and_falls_after_none() -> None:
+    p = PredictivePolicy({"calibrate_static": False})
+    run(p, [make_ctx(global_steps=0), production_bound(1, hybrid=True), production_bound(2, hybrid=True)])
+    ctx = make_ctx(is_hybrid_active=True, num_active_replicas=4, staleness_threshold=0.5)
+    base = p.deactivate_wait_samples(ctx)
+    waited = cycle_ctx(
+        3, cycle_s=420.0, hybrid_s=120.0, hybrid_generated=25, waits=(0, 0, 30.0, 20.0), wait_samples=(0, 0, 12, 8)
+    )
+    run(p, [waited])
+    raised = p.deactivate_wait_samples(ctx)
+    assert raised > base
+    run(p, [production_bound(k, hybrid=True) for k in range(4, 10)])
+    assert p.deactivate_wait_samples(ctx) < raised
+    assert 0 <= p.deactivate_wait_samples(ctx) <= ctx.step_required_samples + ctx.buffer_samples
+
+
+def test_backs_off_when_hybrid_cycles_realise_no_saving_and_probes_again() -> None:
+    # Hybrid cycles take 520 s + a 10 s activation against 500 s without: switching loses.
+    p = PredictivePolicy({"calibrate_static": False, "backoff_after": 2, "probe_interval_min": 3})
+    losing = {"cycle_s": 520.0, "hybrid_s": 200.0, "hybrid_generated": 20}
+    static = [production_bound(k, hybrid=False) for k in range(1, 4)]
+    answers = run(p, [make_ctx(global_steps=0), *static])
+    assert p.est.static_idle_share > 0
+    answers = run(p, [cycle_ctx(k, **losing) for k in range(4, 6)])
+    # The second losing cycle (step 5) starts a back-off of probe_interval_min cycles.
+    assert p.est.backoff == 3 and p.est.suppress_until == 8
+    later = [production_bound(k, hybrid=False) for k in range(6, 10)]
+    answers = run(p, later)
+    # No activation during the back-off; when it ends, one probe.
+    assert answers == [False, False, True, False]
+
+
+def test_a_second_failed_probe_doubles_the_back_off() -> None:
+    p = PredictivePolicy({"backoff_after": 1, "probe_interval_min": 2, "probe_interval_max": 16})
+    p.est = Estimates(train_s=200.0, standalone_share=0.4, static_idle_share=1.0, hybrid_idle_share=2.0, backoff=2)
+    est = p._judge(make_ctx(global_steps=10), p.est)
+    assert est.backoff == 4 and est.suppress_until == 14
+
+
+def test_measured_gain_follows_the_realised_saving() -> None:
+    p = PredictivePolicy()
+    # Static idle 200 s, hybrid idle 100 s per 100 s of training, switch 16 s: saving 100 of 184.
+    est = Estimates(train_s=100.0, static_idle_share=2.0, hybrid_idle_share=1.0, activate_s=10.0, deactivate_s=6.0)
+    r = 100.0 / 184.0
+    assert p.measured_gain(est) == pytest.approx(r / (1 - r))
+    assert p.measured_gain(Estimates(train_s=100.0, static_idle_share=1.0, hybrid_idle_share=1.5)) == 0.0
+    assert math.isinf(p.measured_gain(Estimates()))
+
+
+def test_state_round_trip_through_json_gives_identical_decisions() -> None:
+    p = PredictivePolicy()
+    ctxs = [make_ctx(global_steps=0), *(production_bound(k, hybrid=k % 3 != 0) for k in range(1, 7))]
+    run(p, ctxs)
+    restored = PredictivePolicy()
+    restored.load_state_dict(json.loads(json.dumps(p.state_dict(), allow_nan=False)))
+    assert restored.state_dict() == p.state_dict()
+    nxt = production_bound(7, hybrid=True)
+    assert restored.should_activate_after_step(nxt) == p.should_activate_after_step(nxt)
+    assert restored.deactivate_wait_samples(nxt) == p.deactivate_wait_samples(nxt)
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        ({"train_s": float("nan")}, "finite"),
+        ({"hybrid_cycles": 1.5}, "whole number"),
+        ({"standalone_share": -1.0}, ">= 0"),
+        ({"losses": True}, "finite number"),
+    ],
+)
+def test_bad_state_is_rejected_and_leaves_the_policy_alone(change: dict[str, Any], match: str) -> None:
+    p = PredictivePolicy()
+    state = {**p.state_dict(), **change}
+    with pytest.raises(PolicyValidationError, match=match):
+        p.load_state_dict(state)
+    assert p.est == Estimates()
+    with pytest.raises(PolicyValidationError, match="do not match"):
+        p.load_state_dict({"ratio": 0.5})
+
+
+# ---- Whole simulated runs --------------------------------------------------------------------
+
+
+def _simulate(preset: str, policy: str, **overrides: Any) -> float:
+    from dynres.runtime.sim import simulate
+
+    return simulate(preset, policy=policy, overrides=overrides).end_to_end_s
+
+
+def test_sim_big_switch_cost_predictive_beats_both_baselines() -> None:
+    # 120 s per switch, near-balanced: default keeps paying switches and loses to never switching.
+    ov = {"steps": 12}
+    mine = _simulate("moe-bigswitch-32-32", "predictive", **ov)
+    static = _simulate("moe-bigswitch-32-32", "static_fully_async", **ov)
+    default = _simulate("moe-bigswitch-32-32", "default", **ov)
+    assert mine <= 1.01 * min(static, default), (mine, static, default)
+
+
+def test_sim_consumption_bound_never_loses_to_static() -> None:
+    ov = {"steps": 10, "async_training.use_dynamic_resource_scheduling": True}
+    mine = _simulate("seed-static-8-24", "predictive", **ov)
+    static = _simulate("seed-static-8-24", "static_fully_async", **ov)
+    assert mine <= 1.01 * static, (mine, static)
