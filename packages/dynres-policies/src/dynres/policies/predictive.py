@@ -314,16 +314,16 @@ class PredictivePolicy(Policy):
         rho = self.hybrid_gain(ctx, est)
         fill = max(0.0, static_idle - switch) / (1.0 + rho)
         g_c = max(est.collect_share, est.standalone_share) * step_required / est.train_s
-        wait = max((i + 1) * k - g_c * (est.deactivate_s + i * t) for i in range(n))
-        wait += est.wait_bias + self.params.wait_margin * step_required
-        if not all(math.isfinite(x) for x in (static_idle, fill, wait)):
+        wait_f = max((i + 1) * k - g_c * (est.deactivate_s + i * t) for i in range(n))
+        wait_f += est.wait_bias + self.params.wait_margin * step_required
+        if not all(math.isfinite(x) for x in (static_idle, fill, wait_f)):
             # Extreme estimates (a rate near zero): decide nothing on them.
             return Forecast(static_idle_s=0.0, hybrid_idle_s=switch, switch_s=switch, wait_samples=limit)
         return Forecast(
             static_idle_s=static_idle,
             hybrid_idle_s=switch + fill,
             switch_s=switch,
-            wait_samples=max(0, min(limit, math.ceil(wait))),
+            wait_samples=max(0, min(limit, math.ceil(wait_f))),
         )
 
     # ---- Learning -------------------------------------------------------------------------
