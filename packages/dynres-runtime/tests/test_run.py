@@ -11,7 +11,7 @@ import pytest
 
 from dynres.core import get_plugin_manager, load_config, load_policy
 from dynres.core.config import DynresConfig
-from dynres.core.errors import ConfigError
+from dynres.core.errors import ConfigError, RunAbortedError
 from dynres.core.metrics import METRIC_KEYS
 from dynres.runtime.backends.fake import FakeCluster, fake_prompts
 from dynres.runtime.loop.report import RunReport
@@ -107,16 +107,24 @@ def test_prompt_source_error_surfaces_instead_of_hanging() -> None:
         raise RuntimeError("dataset broke")
 
     cl = FakeCluster(2, 1)
-    with pytest.raises(RuntimeError, match="dataset broke"):
+    with pytest.raises(RunAbortedError, match="dataset broke") as err:
         asyncio.run(asyncio.wait_for(run_fully_async(spec(cl, prompts=prompts())), 10))
+    assert isinstance(err.value.__cause__, RuntimeError)
+    # the three samples read before the source broke are trained or in the checkpoint
+    ckpt = err.value.report.checkpoint
+    kept = {d["group"]["sample_id"] for d in ckpt["queue"]} | {d["group"]["sample_id"] for d in ckpt["partial"]}
+    trained = {s.sample_id for b in cl.engine.batches for s in b}
+    assert kept | trained == {"p0", "p1", "p2"} and not kept & trained
 
 
 def test_standalone_replica_dying_is_survived() -> None:
     cl = FakeCluster(3, 1, tokens_per_s=1000, response_tokens=30)
     cl.standalone[0].die_after_s = 0.02
-    report = asyncio.run(run_fully_async(spec(cl, num_cycles=4)))
+    report = asyncio.run(run_fully_async(spec(cl, num_cycles=4, probation_backoff_s=0.01, max_probes=2)))
     assert len(report.cycles) == 4
-    assert "s0" in report.quarantined
+    # probation, then two failed health probes (it stays dead), then quarantine
+    assert [e.event for e in report.replica_events if e.replica == "s0"] == ["probation", "quarantined"]
+    assert "2 health probes failed" in report.quarantined["s0"]
     assert any(f.target == "s0" for f in report.op_failures)
     assert report.samples.duplicates == 0 and report.samples.failed == 0
 
