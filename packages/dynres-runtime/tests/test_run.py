@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
+from runtime_ledger import Ledger, RecordingSource, checkpoint_ids, ledger_of, record_drops, trained_ids
 
 from dynres.core import get_plugin_manager, load_config, load_policy
 from dynres.core.config import DynresConfig
@@ -53,8 +54,15 @@ def spec(cl: FakeCluster, *, config: DynresConfig | None = None, policy: Any = N
 def test_end_to_end_report_shape_and_counters() -> None:
     cl = FakeCluster(2, 2, tokens_per_s=1000, response_tokens=30, latency=0.002)
     progress: list[int] = []
-    report = asyncio.run(run_fully_async(spec(cl, num_cycles=4, progress=lambda c: progress.append(c.step))))
+    src = RecordingSource(fake_prompts(n=2))
+    run = FullyAsyncRun(spec(cl, num_cycles=4, prompts=src, progress=lambda c: progress.append(c.step)))
+    dropped = record_drops(run)
+    report = asyncio.run(run.run())
     assert cl.violations() == []
+    # by identity: every admitted sample trained exactly once (or dropped as stale), none left
+    ledger = ledger_of(run, src, cl.engine, dropped)
+    ledger.assert_exactly_once()
+    assert len(ledger.trained) == 32 and not ledger.left
     assert progress == [1, 2, 3, 4] and [c.step for c in report.cycles] == [1, 2, 3, 4]
     for c in report.cycles:
         assert set(c.metrics) == set(METRIC_KEYS)
@@ -156,9 +164,20 @@ def test_checkpoint_keeps_partial_samples_and_resume_finishes_them() -> None:
 
     cl2 = FakeCluster(2, 2, tokens_per_s=500, response_tokens=60)
     pol2 = load_policy("default", {"deactivate_ratio": 0.5})
-    second = asyncio.run(
-        run_fully_async(spec(cl2, policy=pol2, num_cycles=2, resume_from=ckpt, prompts=fake_prompts(n=2, prefix="q")))
-    )
+    src2 = RecordingSource(fake_prompts(n=2, prefix="q"))
+    run2 = FullyAsyncRun(spec(cl2, policy=pol2, num_cycles=2, resume_from=ckpt, prompts=src2))
+    dropped2 = record_drops(run2)
+    second = asyncio.run(run2.run())
+    # by identity: what the checkpoint held is trained exactly once, or still held or dropped
+    held = checkpoint_ids(ckpt)
+    assert held and len(held) == len(set(held))
+    Ledger(
+        admitted=held + src2.taken,
+        trained=trained_ids(cl2.engine),
+        left=[s.sample_id for s in run2.queue.snapshot()] + [p.group.sample_id for p in run2.rollouter.partials],
+        dropped=dropped2,
+    ).assert_exactly_once()
+    assert set(held) & set(trained_ids(cl2.engine))
     assert [c.step for c in second.cycles] == [3, 4]
     assert second.weight_version == 4
     resumed = {rid for r in cl2.replicas for rid, n in r.resumed_with.items() if n > 0}

@@ -91,7 +91,7 @@ class LoadBalancer:
             deactivation that aborts thousands of requests at once is spread over iterations so
             the loop stays responsive.
         :param on_change: called after every add/remove (the rollouter recomputes its capacity).
-        :param on_replica_failure: called with (replica_id, error) when a replica raises during
+        :param on_replica_failure: called with (replica_id, error) whenever a replica raises during
             generation; the balancer has already removed it from routing.
         """
         if sticky_capacity < 0:
@@ -489,8 +489,9 @@ class LoadBalancer:
         logger.warning("replica %s failed during generation: %s; removed from routing", replica_id, exc)
         if replica_id in self._replicas:
             self.remove_replica(replica_id)
-            if self._on_replica_failure is not None:
-                self._on_replica_failure(replica_id, exc)
+        # Reported even when the replica already left routing, so every failure is on record.
+        if self._on_replica_failure is not None:
+            self._on_replica_failure(replica_id, exc)
 
     # ---- Rebalance and draining ----------------------------------------------------------
 

@@ -316,6 +316,8 @@ class Controller:
     def on_replica_failure(self, replica_id: str, exc: BaseException) -> None:
         """Balancer callback: a replica raised during generation (already out of routing)."""
         self.ops.record_failure("generate", replica_id, f"{type(exc).__name__}: {exc}", timeout=False)
+        if replica_id in self.probation or replica_id in self.quarantined:
+            return  # another request saw the same failure first
         self.suspend(replica_id, f"generate failed: {type(exc).__name__}: {exc}")
 
     # ---- Transitions ---------------------------------------------------------------------
