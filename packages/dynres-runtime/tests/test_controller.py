@@ -364,3 +364,15 @@ def test_probation_backoff_doubles_and_failed_probes_quarantine() -> None:
         assert not c.ctl.probing and c.lb.replica_ids == ["s1"]
 
     asyncio.run(main())
+
+
+def test_a_lost_replica_is_quarantined_at_once_not_probed() -> None:
+    async def main() -> None:
+        c = Cluster(n_hybrid=0, n_standalone=2)
+        c.register_standalone()
+        c.standalone[0].lost_reason = "ActorDiedError: node gone"  # type: ignore[attr-defined]  # as the Ray proxy sets it
+        c.ctl.on_replica_failure("s0", RuntimeError("actor died"))
+        assert "the replica is lost (ActorDiedError: node gone)" in c.ctl.quarantined["s0"]
+        assert not c.ctl.probing and c.lb.replica_ids == ["s1"]
+
+    asyncio.run(main())

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from dynres.core.errors import ConfigError
+from dynres.core.errors import BackendError, ConfigError
 from dynres.runtime.backends.fake import FakeCluster, FakeReplica, FakeTrainEngine
 from dynres.runtime.protocols import GenerationRequest
 from dynres.runtime.sim.loop import run_virtual
@@ -98,7 +98,8 @@ def test_issue_cluster_finishes_on_a_virtual_clock() -> None:
         ({"tokens_per_s": 0}, "tokens_per_s must be > 0"),
         ({"tokens_per_s": -5}, "tokens_per_s must be > 0"),
         ({"tokens_per_s": float("inf")}, "tokens_per_s must be > 0"),
-        ({"fail_on": {"generate": "RuntimeError"}}, "give an exception class or instance"),
+        ({"fail_on": {"generate": "NoSuchError"}}, "names no exception 'NoSuchError'"),
+        ({"fail_on": {"generate": 5}}, "give an exception class or instance"),
         ({"fail_on": {"genrate": RuntimeError}}, "unknown op"),
         ({"hang_on": {"sleeep"}}, "unknown op"),
         ({"latency": -1.0}, "finite seconds >= 0"),
@@ -108,6 +109,11 @@ def test_issue_cluster_finishes_on_a_virtual_clock() -> None:
 def test_bad_fake_options_are_config_errors(kwargs: dict, match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         FakeReplica("s0", **kwargs)
+
+
+def test_fail_on_from_yaml_names_an_exception() -> None:
+    r = FakeReplica("s0", fail_on={"generate": "RuntimeError", "sleep": "BackendError"})
+    assert r.fail_on == {"generate": RuntimeError, "sleep": BackendError}
 
 
 def test_bad_train_engine_faults_are_config_errors() -> None:

@@ -16,6 +16,7 @@ as one that was never interrupted: ``range(0, length)``.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -90,7 +91,14 @@ def _fault_map(
     unknown = (set(fail) | hang) - set(ops)
     if unknown:
         raise ConfigError(f"unknown op(s) {sorted(unknown)} in fail_on/hang_on; valid: {list(ops)}")
-    for op, err in fail.items():
+    for op, err in list(fail.items()):
+        if isinstance(err, str):  # from a YAML file: the name of a builtin exception or BackendError
+            named = BackendError if err == "BackendError" else getattr(builtins, err, None)
+            if not (isinstance(named, type) and issubclass(named, BaseException)):
+                raise ConfigError(
+                    f"fail_on[{op!r}] names no exception {err!r}; use a builtin one (e.g. RuntimeError) or BackendError"
+                )
+            fail[op] = err = named
         ok = isinstance(err, BaseException) or (isinstance(err, type) and issubclass(err, BaseException))
         if not ok:
             raise ConfigError(f"fail_on[{op!r}] is {err!r}; give an exception class or instance (e.g. RuntimeError)")

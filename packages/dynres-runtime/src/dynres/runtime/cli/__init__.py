@@ -40,11 +40,19 @@ class DynresGroup(click.Group):
     """A click group that turns DynresError from any subcommand into :class:`DynresCliError`."""
 
     def invoke(self, ctx: click.Context) -> Any:
-        """Run the subcommand; convert DynresError into one clear line and exit status 2."""
+        """Run the subcommand; convert DynresError and usage errors into one clear line.
+
+        Exit status 2, or the error's own ``exit_code`` (a run interrupted by Ctrl-C: 130).
+        """
         try:
             return super().invoke(ctx)
         except DynresError as exc:
-            raise DynresCliError(str(exc)) from None
+            err = DynresCliError(str(exc))
+            err.exit_code = int(getattr(exc, "exit_code", EXIT_DYNRES_ERROR))
+            raise err from None
+        except click.UsageError as exc:
+            where = exc.ctx.command_path if exc.ctx is not None else "dynres"
+            raise DynresCliError(f"{exc.format_message()} (see '{where} --help')") from None
 
 
 @click.group(cls=DynresGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -39,8 +39,9 @@ weights through pause, update_weights, resume) and rejoins routing; a hybrid rep
 eligible for the next activation again, whose own wake-up is its probe. After ``max_probes``
 failed probes in a row it is *quarantined*. A replica whose ``abort`` or ``sleep`` fails or hangs
 is quarantined at once (its requests and memory are in an unknown state): never activated again
-in this run. The trainer's own offload failing cancels the activation; its onload failing is
-fatal (training cannot go on).
+in this run; so is a replica that reports itself gone for good through a ``lost_reason``
+attribute (a Ray replica whose actor died). The trainer's own offload failing cancels the
+activation; its onload failing is fatal (training cannot go on).
 """
 
 from __future__ import annotations
@@ -251,6 +252,11 @@ class Controller:
         on probation (see the module doc); a quarantined one stays quarantined."""
         rid = replica if isinstance(replica, str) else replica.replica_id
         if rid in self.quarantined:
+            return
+        obj = next((r for r in [*self._standalone, *self.hybrid] if r.replica_id == rid), None)
+        lost = getattr(obj, "lost_reason", None)
+        if lost:  # e.g. a Ray actor that died: it can never pass a probe
+            self.quarantine(rid, f"{reason}; the replica is lost ({lost})")
             return
         if self.balancer.has_replica(rid):
             self.balancer.remove_replica(rid)
