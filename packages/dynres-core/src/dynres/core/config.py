@@ -16,6 +16,7 @@ The layout follows verl's training config so that its keys can be copied unchang
 from __future__ import annotations
 
 import copy
+import datetime
 import functools
 from collections.abc import Mapping, Sequence
 from importlib import resources
@@ -43,15 +44,16 @@ MAX_STALENESS = 1000.0
 """Upper bound of staleness_threshold (cycles of extra production)."""
 
 
-class _YamlLoader(yaml.SafeLoader):
-    """SafeLoader that keeps dates and times as strings: YAML would turn ``2024-01-01`` into a
-    ``datetime.date``, which no config field takes and JSON output cannot hold."""
-
-
-_YamlLoader.yaml_implicit_resolvers = {
-    k: [(tag, rx) for tag, rx in v if tag != "tag:yaml.org,2002:timestamp"]
-    for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()
-}
+def _dates_as_text(v: Any) -> Any:
+    """YAML reads ``2024-01-01`` as a ``datetime.date``, which no config field takes and JSON
+    output cannot hold: give it back as the text it was written as."""
+    if isinstance(v, dict):
+        return {k: _dates_as_text(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_dates_as_text(x) for x in v]
+    if isinstance(v, datetime.date):  # datetime.datetime is a date too
+        return v.isoformat()
+    return v
 
 
 class StrictModel(BaseModel):
@@ -335,7 +337,7 @@ def read_yaml(path: str | Path) -> Any:
     except OSError as exc:
         raise ConfigError(f"{p}: cannot read ({exc.strerror})") from None
     try:
-        data = yaml.load(text, Loader=_YamlLoader)  # a SafeLoader subclass
+        data = _dates_as_text(yaml.safe_load(text))
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
