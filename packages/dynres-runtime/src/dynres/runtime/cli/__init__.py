@@ -25,7 +25,10 @@ EXIT_DYNRES_ERROR = 2
 class DynresCliError(click.ClickException):
     """A DynresError on its way out of the CLI: one line on stderr, exit status 2."""
 
-    exit_code = EXIT_DYNRES_ERROR
+    def __init__(self, message: str, exit_code: int = EXIT_DYNRES_ERROR) -> None:
+        """One-line ``message``; ``exit_code`` 2, or the error's own (130 after Ctrl-C)."""
+        super().__init__(message)
+        self.exit_code = exit_code  # type: ignore[misc]  # click types it ClassVar but reads it from the instance
 
     def show(self, file: Any = None) -> None:
         """Print ``dynres: error: <message>`` as a single line on stderr."""
@@ -47,9 +50,7 @@ class DynresGroup(click.Group):
         try:
             return super().invoke(ctx)
         except DynresError as exc:
-            err = DynresCliError(str(exc))
-            err.exit_code = int(getattr(exc, "exit_code", EXIT_DYNRES_ERROR))
-            raise err from None
+            raise DynresCliError(str(exc), int(getattr(exc, "exit_code", EXIT_DYNRES_ERROR))) from None
         except click.UsageError as exc:
             where = exc.ctx.command_path if exc.ctx is not None else "dynres"
             raise DynresCliError(f"{exc.format_message()} (see '{where} --help')") from None

@@ -22,7 +22,7 @@ def list_policies(as_json: bool) -> None:
 
     from dynres.core import installed_policies
 
-    rows = [
+    rows: list[dict[str, Any]] = [
         {"name": name, "distribution": e.distribution, "version": e.version, "value": e.value, "error": _load_error(e)}
         for name, entries in installed_policies().items()
         for e in entries
