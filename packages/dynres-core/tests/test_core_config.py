@@ -178,10 +178,21 @@ def test_yaml_file_loads(tmp_path):
     assert load_config(str(path)) == cfg
 
 
-def test_empty_yaml_gives_defaults(tmp_path):
+def test_empty_yaml_is_an_error_and_an_empty_mapping_gives_defaults(tmp_path):
+    # An empty file is far more often a wrong path or a truncated copy than a wish for defaults.
     path = tmp_path / "empty.yaml"
-    path.write_text("")
+    path.write_text("# only a comment\n")
+    with pytest.raises(ConfigError, match="empty.yaml: the file is empty"):
+        load_config(path)
+    path.write_text("{}\n")
     assert load_config(path) == DynresConfig()
+
+
+def test_yaml_dates_stay_strings(tmp_path):
+    # PyYAML would make 2024-01-01 a datetime.date, which no field takes and JSON cannot hold.
+    path = tmp_path / "d.yaml"
+    path.write_text("async_training: {dynamic_schedule_policy: 2024-01-01}\n")
+    assert load_config(path).async_training.dynamic_schedule_policy == "2024-01-01"
 
 
 def test_missing_file_is_named(tmp_path):
@@ -191,7 +202,7 @@ def test_missing_file_is_named(tmp_path):
 
 
 def test_directory_is_named(tmp_path):
-    with pytest.raises(ConfigError, match=f"{tmp_path}: cannot read"):
+    with pytest.raises(ConfigError, match=f"{tmp_path}: is a directory; give a YAML file"):
         read_yaml(tmp_path)
 
 

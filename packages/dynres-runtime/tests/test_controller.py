@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections import Counter
 from typing import Any
 
@@ -63,6 +64,7 @@ class Cluster:
             balancer=self.lb,
             train_engine=self.engine,
             hybrid=self.hybrid,
+            standalone=self.standalone,
             ops=self.ops,
             pm=pm,
             now=lambda: asyncio.get_running_loop().time(),
@@ -190,16 +192,21 @@ def test_hung_abort_evicts_requests_to_standalone() -> None:
         assert {r.replica_id for r in results} == {"s0"}
         assert c.lb.counters.evicted >= 1
         assert any(f.op == "abort" and f.target == "h0" for f in c.ops.failures)
+        # a replica whose abort hangs is never activated again (each deactivation would wait on it)
+        assert "abort failed or hung" in c.ctl.quarantined["h0"]
+        assert not c.hybrid[0].ops("sleep")  # not asked to sleep either: it would hang too
+        assert not await c.ctl.activate(UPDATE)
 
     asyncio.run(main())
 
 
-def test_failed_wake_up_quarantines_that_replica_only() -> None:
+def test_failed_wake_up_puts_that_replica_only_on_probation() -> None:
     async def main() -> None:
         c = Cluster(n_hybrid=2, hybrid_kw={0: {"fail_on": {"wake_up": RuntimeError}}})
         assert await c.ctl.activate(UPDATE)
         assert c.lb.replica_ids == ["h1"]
-        assert "h0" in c.ctl.quarantined
+        assert "h0" in c.ctl.probation and "h0" not in c.ctl.quarantined
+        assert [r.replica_id for r in c.ctl.usable_hybrid] == ["h1"]  # not before its backoff ends
         assert c.hybrid[0].ops("sleep")  # asked to give its memory back
         assert any(f.op == "wake_up" and f.target == "h0" for f in c.ops.failures)
 
@@ -316,5 +323,56 @@ def test_transitions_in_the_wrong_state_are_errors() -> None:
         await c.ctl.activate(UPDATE)
         with pytest.raises(RuntimeStateError, match="cannot activate in controller state HYBRID_ACTIVE"):
             await c.ctl.activate(UPDATE)
+
+    asyncio.run(main())
+
+
+def test_standalone_replica_back_from_probation_with_the_newest_weights() -> None:
+    async def main() -> None:
+        c = Cluster(n_hybrid=0, n_standalone=2)
+        c.ctl.probation_backoff_s = 0.05
+        c.register_standalone()
+        c.standalone[0].fail_on["update_weights"] = RuntimeError
+        await c.ctl.sync_weights(c.standalone, UPDATE)
+        assert c.lb.replica_ids == ["s1"] and c.ctl.probing
+        c.standalone[0].fail_on.clear()
+        newer = WeightUpdate(version=UPDATE.version + 1)
+        await c.ctl.sync_weights([c.standalone[1]], newer)
+        await asyncio.sleep(0.1)
+        assert sorted(c.lb.replica_ids) == ["s0", "s1"]
+        assert c.standalone[0].weight_version == newer.version  # never routable with old weights
+        assert [e.event for e in c.ctl.replica_events] == ["probation", "back"]
+        assert c.standalone[0].ops("health")
+
+    asyncio.run(main())
+
+
+def test_probation_backoff_doubles_and_failed_probes_quarantine() -> None:
+    async def main() -> None:
+        c = Cluster(n_hybrid=0, n_standalone=2)
+        c.ctl.probation_backoff_s = 0.01
+        c.ctl.max_probes = 3
+        c.register_standalone()
+        c.standalone[0].fail_on["health"] = RuntimeError
+        c.ctl.on_replica_failure("s0", RuntimeError("boom"))
+        await asyncio.sleep(0.2)
+        probes = [r.t for r in c.standalone[0].ops("health")]
+        assert len(probes) == 3
+        gaps = [b - a for a, b in itertools.pairwise(probes)]
+        assert gaps[1] > 1.5 * gaps[0]  # the wait doubles
+        assert "3 health probes failed" in c.ctl.quarantined["s0"]
+        assert not c.ctl.probing and c.lb.replica_ids == ["s1"]
+
+    asyncio.run(main())
+
+
+def test_a_lost_replica_is_quarantined_at_once_not_probed() -> None:
+    async def main() -> None:
+        c = Cluster(n_hybrid=0, n_standalone=2)
+        c.register_standalone()
+        c.standalone[0].lost_reason = "ActorDiedError: node gone"  # type: ignore[attr-defined]  # as the Ray proxy sets it
+        c.ctl.on_replica_failure("s0", RuntimeError("actor died"))
+        assert "the replica is lost (ActorDiedError: node gone)" in c.ctl.quarantined["s0"]
+        assert not c.ctl.probing and c.lb.replica_ids == ["s1"]
 
     asyncio.run(main())

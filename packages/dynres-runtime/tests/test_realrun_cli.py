@@ -225,3 +225,16 @@ def test_bad_yaml_in_set_is_one_line_naming_the_key(tmp_path):
     line = _one_error_line(_invoke(str(_write(tmp_path, FAKE)), "--set", "run.steps=[1,", "--out", str(out)))
     assert "--set run.steps: value '[1,' is not valid YAML" in line and "quote the whole value" in line
     assert not out.exists()  # checked before any work starts
+
+
+def test_a_failing_train_step_is_one_line_and_the_report_keeps_a_checkpoint(tmp_path):
+    data = json.loads(json.dumps(FAKE))
+    data["engines"]["trainer_options"]["fail_on"] = {"train_step": "RuntimeError"}
+    cfg = tmp_path / "r.yaml"
+    cfg.write_text(yaml.safe_dump(data))
+    res = CliRunner().invoke(main, ["run", str(cfg), "--out", str(tmp_path / "o"), "--no-progress"])
+    assert res.exit_code == 2, res.output
+    lines = [ln for ln in res.stderr.splitlines() if ln.startswith("dynres: error:")]
+    assert len(lines) == 1 and "train_step on trainer failed" in lines[0] and "report.json" in lines[0]
+    report = json.loads((tmp_path / "o" / "report.json").read_text())
+    assert report["checkpoint"]["queue"], "the failed batch must be in the checkpoint"

@@ -8,10 +8,11 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
+from runtime_ledger import Ledger, RecordingSource, checkpoint_ids, ledger_of, record_drops, trained_ids
 
 from dynres.core import get_plugin_manager, load_config, load_policy
 from dynres.core.config import DynresConfig
-from dynres.core.errors import ConfigError
+from dynres.core.errors import ConfigError, RunAbortedError
 from dynres.core.metrics import METRIC_KEYS
 from dynres.runtime.backends.fake import FakeCluster, fake_prompts
 from dynres.runtime.loop.report import RunReport
@@ -53,8 +54,15 @@ def spec(cl: FakeCluster, *, config: DynresConfig | None = None, policy: Any = N
 def test_end_to_end_report_shape_and_counters() -> None:
     cl = FakeCluster(2, 2, tokens_per_s=1000, response_tokens=30, latency=0.002)
     progress: list[int] = []
-    report = asyncio.run(run_fully_async(spec(cl, num_cycles=4, progress=lambda c: progress.append(c.step))))
+    src = RecordingSource(fake_prompts(n=2))
+    run = FullyAsyncRun(spec(cl, num_cycles=4, prompts=src, progress=lambda c: progress.append(c.step)))
+    dropped = record_drops(run)
+    report = asyncio.run(run.run())
     assert cl.violations() == []
+    # by identity: every admitted sample trained exactly once (or dropped as stale), none left
+    ledger = ledger_of(run, src, cl.engine, dropped)
+    ledger.assert_exactly_once()
+    assert len(ledger.trained) == 32 and not ledger.left
     assert progress == [1, 2, 3, 4] and [c.step for c in report.cycles] == [1, 2, 3, 4]
     for c in report.cycles:
         assert set(c.metrics) == set(METRIC_KEYS)
@@ -107,16 +115,24 @@ def test_prompt_source_error_surfaces_instead_of_hanging() -> None:
         raise RuntimeError("dataset broke")
 
     cl = FakeCluster(2, 1)
-    with pytest.raises(RuntimeError, match="dataset broke"):
+    with pytest.raises(RunAbortedError, match="dataset broke") as err:
         asyncio.run(asyncio.wait_for(run_fully_async(spec(cl, prompts=prompts())), 10))
+    assert isinstance(err.value.__cause__, RuntimeError)
+    # the three samples read before the source broke are trained or in the checkpoint
+    ckpt = err.value.report.checkpoint
+    kept = {d["group"]["sample_id"] for d in ckpt["queue"]} | {d["group"]["sample_id"] for d in ckpt["partial"]}
+    trained = {s.sample_id for b in cl.engine.batches for s in b}
+    assert kept | trained == {"p0", "p1", "p2"} and not kept & trained
 
 
 def test_standalone_replica_dying_is_survived() -> None:
     cl = FakeCluster(3, 1, tokens_per_s=1000, response_tokens=30)
     cl.standalone[0].die_after_s = 0.02
-    report = asyncio.run(run_fully_async(spec(cl, num_cycles=4)))
+    report = asyncio.run(run_fully_async(spec(cl, num_cycles=4, probation_backoff_s=0.01, max_probes=2)))
     assert len(report.cycles) == 4
-    assert "s0" in report.quarantined
+    # probation, then two failed health probes (it stays dead), then quarantine
+    assert [e.event for e in report.replica_events if e.replica == "s0"] == ["probation", "quarantined"]
+    assert "2 health probes failed" in report.quarantined["s0"]
     assert any(f.target == "s0" for f in report.op_failures)
     assert report.samples.duplicates == 0 and report.samples.failed == 0
 
@@ -148,9 +164,20 @@ def test_checkpoint_keeps_partial_samples_and_resume_finishes_them() -> None:
 
     cl2 = FakeCluster(2, 2, tokens_per_s=500, response_tokens=60)
     pol2 = load_policy("default", {"deactivate_ratio": 0.5})
-    second = asyncio.run(
-        run_fully_async(spec(cl2, policy=pol2, num_cycles=2, resume_from=ckpt, prompts=fake_prompts(n=2, prefix="q")))
-    )
+    src2 = RecordingSource(fake_prompts(n=2, prefix="q"))
+    run2 = FullyAsyncRun(spec(cl2, policy=pol2, num_cycles=2, resume_from=ckpt, prompts=src2))
+    dropped2 = record_drops(run2)
+    second = asyncio.run(run2.run())
+    # by identity: what the checkpoint held is trained exactly once, or still held or dropped
+    held = checkpoint_ids(ckpt)
+    assert held and len(held) == len(set(held))
+    Ledger(
+        admitted=held + src2.taken,
+        trained=trained_ids(cl2.engine),
+        left=[s.sample_id for s in run2.queue.snapshot()] + [p.group.sample_id for p in run2.rollouter.partials],
+        dropped=dropped2,
+    ).assert_exactly_once()
+    assert set(held) & set(trained_ids(cl2.engine))
     assert [c.step for c in second.cycles] == [3, 4]
     assert second.weight_version == 4
     resumed = {rid for r in cl2.replicas for rid, n in r.resumed_with.items() if n > 0}

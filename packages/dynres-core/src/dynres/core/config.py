@@ -16,6 +16,7 @@ The layout follows verl's training config so that its keys can be copied unchang
 from __future__ import annotations
 
 import copy
+import datetime
 import functools
 from collections.abc import Mapping, Sequence
 from importlib import resources
@@ -28,6 +29,31 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from dynres.core.errors import ConfigError, did_you_mean
 
 M = TypeVar("M", bound=BaseModel)
+
+
+MAX_COUNT = 10_000
+"""Upper bound of per-cycle counts (sync steps, responses per prompt, samples per replica): a
+larger value is a typo, and would make a run allocate without end before failing."""
+MAX_SAMPLES = 1_000_000
+"""Upper bound of ppo_mini_batch_size (samples)."""
+MAX_NODES = 100_000
+"""Upper bound of nnodes (count)."""
+MAX_GPUS_PER_NODE = 1024
+"""Upper bound of n_gpus_per_node and tensor_model_parallel_size (count)."""
+MAX_STALENESS = 1000.0
+"""Upper bound of staleness_threshold (cycles of extra production)."""
+
+
+def _dates_as_text(v: Any) -> Any:
+    """YAML reads ``2024-01-01`` as a ``datetime.date``, which no config field takes and JSON
+    output cannot hold: give it back as the text it was written as."""
+    if isinstance(v, dict):
+        return {k: _dates_as_text(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_dates_as_text(x) for x in v]
+    if isinstance(v, datetime.date):  # datetime.datetime is a date too
+        return v.isoformat()
+    return v
 
 
 class StrictModel(BaseModel):
@@ -62,22 +88,25 @@ class AsyncTrainingConfig(StrictModel):
     staleness_threshold: float = Field(
         0.1,
         ge=0.0,
+        le=MAX_STALENESS,
         description="Extra production allowed per cycle as a fraction of a cycle's samples.",
     )
-    trigger_parameter_sync_step: int = Field(4, ge=1, description="Collections (fit steps) per weight sync.")
-    require_batches: int = Field(1, ge=1, description="PPO mini-batches per collection.")
+    trigger_parameter_sync_step: int = Field(
+        4, ge=1, le=MAX_COUNT, description="Collections (fit steps) per weight sync."
+    )
+    require_batches: int = Field(1, ge=1, le=MAX_COUNT, description="PPO mini-batches per collection.")
     partial_rollout: bool = Field(
         True, description="Resume aborted generations from their partial output instead of restarting."
     )
     concurrent_samples_per_replica: int = Field(
-        16, ge=1, description="Samples one replica generates at once (count, dynres default)."
+        16, ge=1, le=MAX_COUNT, description="Samples one replica generates at once (count, dynres default)."
     )
 
 
 class ActorConfig(StrictModel):
     """The ``actor_rollout_ref.actor`` keys dynres reads."""
 
-    ppo_mini_batch_size: int = Field(32, ge=1, description="Samples (prompt groups) per mini-batch.")
+    ppo_mini_batch_size: int = Field(32, ge=1, le=MAX_SAMPLES, description="Samples (prompt groups) per mini-batch.")
 
 
 class RolloutEngineConfig(StrictModel):
@@ -92,8 +121,8 @@ class RolloutEngineConfig(StrictModel):
         le=1.0,
         description="GPU memory fraction of a standalone replica; null falls back to gpu_memory_utilization.",
     )
-    tensor_model_parallel_size: int = Field(1, ge=1, description="GPUs per inference replica.")
-    n: int = Field(1, ge=1, description="Responses generated per prompt (one sample = n responses).")
+    tensor_model_parallel_size: int = Field(1, ge=1, le=MAX_GPUS_PER_NODE, description="GPUs per inference replica.")
+    n: int = Field(1, ge=1, le=MAX_COUNT, description="Responses generated per prompt (one sample = n responses).")
 
     @property
     def effective_standalone_gpu_memory_utilization(self) -> float:
@@ -113,8 +142,8 @@ class ActorRolloutRefConfig(StrictModel):
 class NodesConfig(StrictModel):
     """A pool of nodes: ``rollout`` (standalone replicas) or ``trainer`` (training + hybrid replicas)."""
 
-    nnodes: int = Field(1, ge=0, description="Nodes in the pool (count; rollout.nnodes 0 = only hybrid).")
-    n_gpus_per_node: int = Field(8, ge=1, description="GPUs per node (count).")
+    nnodes: int = Field(1, ge=0, le=MAX_NODES, description="Nodes in the pool (count; rollout.nnodes 0 = only hybrid).")
+    n_gpus_per_node: int = Field(8, ge=1, le=MAX_GPUS_PER_NODE, description="GPUs per node (count).")
 
     @property
     def n_gpus(self) -> int:
@@ -292,21 +321,31 @@ def ignored_verl_keys_line(removed: Sequence[str], source: str = "") -> str:
 
 
 def read_yaml(path: str | Path) -> Any:
-    """Read a YAML file; raise ConfigError naming the file when it is missing or malformed."""
+    """Read a YAML file; raise ConfigError naming the file when it is missing, unreadable, not
+    UTF-8 text, malformed or empty (nothing but whitespace and comments)."""
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(f"{p}: file not found; check the path") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{p}: is a directory; give a YAML file") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{p}: not UTF-8 text (byte {exc.start} is 0x{exc.object[exc.start]:02x}); give a YAML file"
+        ) from None
     except OSError as exc:
         raise ConfigError(f"{p}: cannot read ({exc.strerror})") from None
     try:
-        return yaml.safe_load(text)
+        data = _dates_as_text(yaml.safe_load(text))
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise ConfigError(f"{p}: invalid YAML{at}: {problem}") from None
+    if data is None:
+        raise ConfigError(f"{p}: the file is empty (or only comments); give a mapping of sections, as in examples/")
+    return data
 
 
 def load_config(source: str | Path | Mapping[str, Any]) -> DynresConfig:

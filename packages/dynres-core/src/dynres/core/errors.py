@@ -55,6 +55,25 @@ class RuntimeStateError(DynresError, RuntimeError):
     """An operation was requested in a controller or queue state that does not allow it."""
 
 
+class RunStalledError(RuntimeStateError):
+    """A run made no progress (no sample generated or trained, no transition) for too long."""
+
+
+class RunAbortedError(DynresError):
+    """A run ended before its cycles were done because of a fault or an interrupt.
+
+    ``report`` holds the run's report (its ``checkpoint`` resumes the run without losing a
+    sample, when it could be written); ``exit_code`` is what a command line should exit with
+    (130 after KeyboardInterrupt, 2 otherwise).
+    """
+
+    def __init__(self, message: str, *, report: object = None, exit_code: int = 2) -> None:
+        """Build the error from its one-line message, the run's report and the exit code."""
+        super().__init__(message)
+        self.report = report
+        self.exit_code = exit_code
+
+
 class BackendError(DynresError):
     """A backend operation (replica, train engine, cluster) failed."""
 

@@ -241,4 +241,13 @@ def policy_from_config(async_training: Any, spec: str | type[Policy] | None = No
     from dynres.core.config import policy_params_from_config
 
     cls = resolve_policy_class(spec if spec is not None else async_training.dynamic_schedule_policy)
-    return cls(policy_params_from_config(async_training, cls.Params))
+    params = policy_params_from_config(async_training, cls.Params)
+    try:
+        return cls(params)
+    except DynresError:
+        raise
+    except Exception as exc:  # third-party constructor: anything may come out
+        raise PolicyError(
+            f"policy {getattr(cls, 'name', cls.__name__)!r} ({cls.__module__}:{cls.__qualname__}): its constructor "
+            f"raised {type(exc).__name__}: {exc}; fix its __init__ or its params"
+        ) from exc

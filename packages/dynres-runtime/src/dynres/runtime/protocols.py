@@ -206,7 +206,13 @@ class TrainEngine(Protocol):
     """The trainer side: fit steps, memory hand-over to hybrid replicas, weight export."""
 
     async def train_step(self, batch: Sequence[Any]) -> TrainStepResult:
-        """Run one fit step on a batch of finished samples; report per-phase times."""
+        """Run one fit step on a batch of finished samples; report per-phase times.
+
+        An error whose ``retryable`` attribute is true says the step changed nothing and may be
+        run again: the runtime retries it once with the same batch. Any other error (or no
+        answer within the op timeout) ends the run with a report and a checkpoint that holds
+        the batch.
+        """
         ...
 
     async def offload(self) -> None:

@@ -821,12 +821,16 @@ def check_e2e_training_finishes(policy: PolicySpec) -> None:
 
 
 def check_e2e_samples_accounted(policy: PolicySpec) -> None:
-    """On each short scenario no sample is lost or duplicated (the run report's sample counters)."""
+    """On each short scenario no sample is lost or duplicated, followed by id (what the prompt
+    source handed out against what the trainer received, and what the run still held or
+    dropped) and by the run report's sample counters."""
     name = "check_e2e_samples_accounted"
     subject = _subject(policy)
     for scenario in _scenarios():
-        s = _simulate(subject, name, scenario).report.samples
-        problems = []
+        result = _simulate(subject, name, scenario)
+        s = result.report.samples
+        ledger = getattr(result, "ledger", None)
+        problems = list(ledger.problems()) if ledger is not None else []
         if s.duplicates:
             problems.append(f"{s.duplicates} sample(s) or request(s) produced twice")
         if s.failed:

@@ -16,11 +16,13 @@ as one that was never interrupted: ``range(0, length)``.
 from __future__ import annotations
 
 import asyncio
+import builtins
+import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from dynres.core.errors import BackendError
+from dynres.core.errors import BackendError, ConfigError
 from dynres.runtime.protocols import (
     FinishReason,
     GenerationRequest,
@@ -70,9 +72,37 @@ def _latency_map(latency: float | Mapping[str, float], ops: Sequence[str]) -> di
     if isinstance(latency, Mapping):
         unknown = set(latency) - set(ops)
         if unknown:
-            raise ValueError(f"unknown op(s) {sorted(unknown)} in latency; valid: {list(ops)}")
-        return {op: float(latency.get(op, 0.0)) for op in ops}
-    return {op: float(latency) for op in ops}
+            raise ConfigError(f"unknown op(s) {sorted(unknown)} in latency; valid: {list(ops)}")
+        out = {op: float(latency.get(op, 0.0)) for op in ops}
+    else:
+        out = {op: float(latency) for op in ops}
+    bad = {op: v for op, v in out.items() if not (0.0 <= v < math.inf)}
+    if bad:
+        raise ConfigError(f"latency must be finite seconds >= 0; got {bad}")
+    return out
+
+
+def _fault_map(
+    fail_on: Mapping[str, BaseException | type[BaseException]] | None, hang_on: Iterable[str], ops: Sequence[str]
+) -> tuple[dict[str, BaseException | type[BaseException]], set[str]]:
+    """Check injected faults: known ops, and each failure an exception class or instance."""
+    fail = dict(fail_on or {})
+    hang = set(hang_on)
+    unknown = (set(fail) | hang) - set(ops)
+    if unknown:
+        raise ConfigError(f"unknown op(s) {sorted(unknown)} in fail_on/hang_on; valid: {list(ops)}")
+    for op, err in list(fail.items()):
+        if isinstance(err, str):  # from a YAML file: the name of a builtin exception or BackendError
+            named = BackendError if err == "BackendError" else getattr(builtins, err, None)
+            if not (isinstance(named, type) and issubclass(named, BaseException)):
+                raise ConfigError(
+                    f"fail_on[{op!r}] names no exception {err!r}; use a builtin one (e.g. RuntimeError) or BackendError"
+                )
+            fail[op] = err = named
+        ok = isinstance(err, BaseException) or (isinstance(err, type) and issubclass(err, BaseException))
+        if not ok:
+            raise ConfigError(f"fail_on[{op!r}] is {err!r}; give an exception class or instance (e.g. RuntimeError)")
+    return fail, hang
 
 
 class _FaultsMixin:
@@ -91,6 +121,13 @@ class _FaultsMixin:
     async def _enter(self, op: str, detail: str = "") -> None:
         """Log the start, then apply the injected hang, failure and latency of ``op``."""
         self._record(op, "start", detail)
+        await self._inject(op)
+        delay = self.latency.get(op, 0.0)
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+    async def _inject(self, op: str) -> None:
+        """Apply the injected hang, then the injected failure, of ``op``."""
         if op in self.hang_on:
             try:
                 await asyncio.Event().wait()  # forever; a caller's timeout cancels it
@@ -102,9 +139,6 @@ class _FaultsMixin:
             exc = err(f"injected failure of {op} on {self.target}") if isinstance(err, type) else err
             self._record(op, "error", repr(exc))
             raise exc
-        delay = self.latency.get(op, 0.0)
-        if delay > 0:
-            await asyncio.sleep(delay)
 
     def ops(self, op: str | None = None, event: str | None = "start") -> list[OpRecord]:
         """This fake's log entries, filtered by operation and event (None = any)."""
@@ -118,11 +152,13 @@ class _FaultsMixin:
 class _Gen:
     # One per request in flight: a bare future to wait on instead of an asyncio.Event (which
     # adds a deque, a coroutine and a future per wait), so 100,000 of them stay cheap.
-    __slots__ = ("aborted", "produced", "request", "target", "waiter")
+    __slots__ = ("aborted", "progress", "request", "target", "waiter")
 
     def __init__(self, request: GenerationRequest, target: int) -> None:
         self.request = request
-        self.produced = len(request.partial_token_ids)
+        # Fractional tokens: a request woken early (a stale timer, a pause) keeps the part of a
+        # token it earned, so frequent wake-ups can never stall it below its length.
+        self.progress = float(len(request.partial_token_ids))
         self.target = target
         self.aborted = False
         self.waiter: asyncio.Future[None] | None = None
@@ -132,6 +168,10 @@ class _Gen:
         w = self.waiter
         if w is not None and not w.done():
             w.set_result(None)
+
+    @property
+    def produced(self) -> int:
+        return min(self.target, int(self.progress + 1e-6))
 
 
 class FakeReplica(_FaultsMixin):
@@ -181,13 +221,16 @@ class FakeReplica(_FaultsMixin):
         self.target = replica_id
         self.latency = _latency_map(latency, REPLICA_OPS)
         """Seconds per operation."""
+        if not (0.0 < float(tokens_per_s) < math.inf):
+            raise ConfigError(f"FakeReplica {replica_id!r}: tokens_per_s must be > 0 and finite, got {tokens_per_s!r}")
         self.tokens_per_s = float(tokens_per_s)
         """Tokens per second per request."""
         self.response_tokens = response_tokens
         """Default response length (tokens) or a function of the request."""
-        self.fail_on = dict(fail_on or {})
+        fail, hang = _fault_map(fail_on, hang_on, REPLICA_OPS)
+        self.fail_on = fail
         """op -> exception raised at the start of that op (mutable during a test)."""
-        self.hang_on = set(hang_on)
+        self.hang_on = hang
         """Ops that never return (mutable during a test)."""
         self.die_after_s = die_after_s
         """Seconds after the first generate at which the replica dies (None = never)."""
@@ -240,13 +283,13 @@ class FakeReplica(_FaultsMixin):
     def advance(self, request_id: str, tokens: int = 1) -> None:
         """Manual mode: give ``request_id`` ``tokens`` more tokens (finishes it at its length)."""
         g = self._gens[request_id]
-        g.produced = min(g.target, g.produced + tokens)
+        g.progress = float(min(g.target, g.produced + tokens))
         g.wake()
 
     def finish(self, request_id: str) -> None:
         """Manual mode: finish ``request_id`` now."""
         g = self._gens[request_id]
-        g.produced = g.target
+        g.progress = float(g.target)
         g.wake()
 
     def _target_len(self, req: GenerationRequest) -> int:
@@ -274,6 +317,7 @@ class FakeReplica(_FaultsMixin):
         if self.log_generate:
             self._record("generate", "start", f"{rid} partial={partial}")
         self._check_alive("generate")
+        await self._inject("generate")
         self._arm_death()
         if self.sleeping:
             self.violations.append(f"generate({rid}) on sleeping replica {self.replica_id}")
@@ -302,21 +346,20 @@ class FakeReplica(_FaultsMixin):
                 if self.paused or self.manual:
                     await waiter
                     continue
-                remaining_s = (gen.target - gen.produced) / self.tokens_per_s
+                remaining_s = (gen.target - gen.progress) / self.tokens_per_s
                 t0 = loop.time()
                 # The timer is left to fire even when something else woke the request first:
                 # cancelling thousands of timers at once (an abort) makes asyncio rebuild its
-                # timer heap inside one loop iteration. A late timer only wakes a later wait early, and the
-                # loop above checks again.
+                # timer heap inside one loop iteration. A late timer only wakes a later wait early;
+                # the request keeps the fraction of a token it earned, and the loop checks again.
                 loop.call_at(t0 + remaining_s, gen.wake)
                 await waiter
                 elapsed = loop.time() - t0
                 # Tolerances: on a virtual clock t0 + d - t0 can come out a hair below d.
                 if elapsed + 1e-9 >= remaining_s:
-                    gen.produced = gen.target
+                    gen.progress = float(gen.target)
                 else:
-                    gained = int(elapsed * self.tokens_per_s + 1e-6)
-                    gen.produced = min(gen.target, gen.produced + gained)
+                    gen.progress = min(float(gen.target), gen.progress + elapsed * self.tokens_per_s)
         finally:
             del self._gens[rid]
             if self.log_generate:
@@ -466,9 +509,10 @@ class FakeTrainEngine(_FaultsMixin):
         self.latency = _latency_map(latency, TRAIN_OPS)
         """Seconds per operation."""
         self.latency["train_step"] = 0.0
-        self.fail_on = dict(fail_on or {})
+        fail, hang = _fault_map(fail_on, hang_on, TRAIN_OPS)
+        self.fail_on = fail
         """op -> exception raised at the start of that op."""
-        self.hang_on = set(hang_on)
+        self.hang_on = hang
         """Ops that never return."""
         self.log: list[OpRecord] = log if log is not None else []
         """Every call's start and end, in order (shared between fakes to order calls across them)."""

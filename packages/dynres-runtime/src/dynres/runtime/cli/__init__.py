@@ -25,7 +25,10 @@ EXIT_DYNRES_ERROR = 2
 class DynresCliError(click.ClickException):
     """A DynresError on its way out of the CLI: one line on stderr, exit status 2."""
 
-    exit_code = EXIT_DYNRES_ERROR
+    def __init__(self, message: str, exit_code: int = EXIT_DYNRES_ERROR) -> None:
+        """One-line ``message``; ``exit_code`` 2, or the error's own (130 after Ctrl-C)."""
+        super().__init__(message)
+        self.exit_code = exit_code  # type: ignore[misc]  # click types it ClassVar but reads it from the instance
 
     def show(self, file: Any = None) -> None:
         """Print ``dynres: error: <message>`` as a single line on stderr."""
@@ -40,11 +43,17 @@ class DynresGroup(click.Group):
     """A click group that turns DynresError from any subcommand into :class:`DynresCliError`."""
 
     def invoke(self, ctx: click.Context) -> Any:
-        """Run the subcommand; convert DynresError into one clear line and exit status 2."""
+        """Run the subcommand; convert DynresError and usage errors into one clear line.
+
+        Exit status 2, or the error's own ``exit_code`` (a run interrupted by Ctrl-C: 130).
+        """
         try:
             return super().invoke(ctx)
         except DynresError as exc:
-            raise DynresCliError(str(exc)) from None
+            raise DynresCliError(str(exc), int(getattr(exc, "exit_code", EXIT_DYNRES_ERROR))) from None
+        except click.UsageError as exc:
+            where = exc.ctx.command_path if exc.ctx is not None else "dynres"
+            raise DynresCliError(f"{exc.format_message()} (see '{where} --help')") from None
 
 
 @click.group(cls=DynresGroup, context_settings={"help_option_names": ["-h", "--help"]})

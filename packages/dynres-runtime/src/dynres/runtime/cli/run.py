@@ -22,11 +22,10 @@ EXIT_INTERRUPTED = 130
 
 
 @click.command(name="run")
-@click.argument("config", type=click.Path(dir_okay=False))
+@click.argument("config")
 @click.option(
     "--out",
     "out_dir",
-    type=click.Path(file_okay=False),
     default=None,
     help="Output directory (default: dynres-runs/<config name>).",
 )
@@ -60,7 +59,13 @@ def command(
     no_plots: bool,
     verbose: int,
 ) -> None:
-    """Run fully-async training from CONFIG (engines, cluster, model, policy, steps) and report."""
+    """Run fully-async training from CONFIG (engines, cluster, model, policy, steps) and report.
+
+    --steps, --policy and --address are shorthands for --set run.steps=, --set
+    async_training.dynamic_schedule_policy= and --set cluster.address=; giving a shorthand and
+    --set for the same key is an error. Every input (config, policy, engine options, --out) is
+    checked before anything starts.
+    """
     from rich.console import Console
 
     from dynres.core.config import parse_set_items
@@ -68,16 +73,24 @@ def command(
 
     level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    from dynres.core.errors import ConfigError
+    from dynres.runtime.cli.paths import check_output_dir
+
     overrides = parse_set_items(sets)
-    if steps is not None:
-        overrides["run.steps"] = steps
-    if policy is not None:
-        overrides["async_training.dynamic_schedule_policy"] = policy
-    if address is not None:
-        overrides["cluster.address"] = address
+    for flag, key, value in (
+        ("--steps", "run.steps", steps),
+        ("--policy", "async_training.dynamic_schedule_policy", policy),
+        ("--address", "cluster.address", address),
+    ):
+        if value is None:
+            continue
+        if key in overrides:
+            raise ConfigError(f"{flag} and --set {key}=... both set {key}; give only one of them")
+        overrides[key] = value
     cfg = load_run_config(config, overrides, strict=strict, on_ignored=lambda line: click.echo(line, err=True))
     load_run_policy(cfg)
     out = Path(out_dir) if out_dir else Path("dynres-runs") / Path(config).stem
+    check_output_dir(out, "--out")
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     total = cfg.run.steps
     err.print(

@@ -200,6 +200,8 @@ def command(
         dynres simulate --preset seed-dynamic-16-16 --compare seed-static-16-16
     """
     if list_presets:
+        if scenario or preset or compare or policy or sets or json_path or plot_dir or seed is not None:
+            raise click.UsageError("--list-presets lists the presets and exits; give it alone")
         _list_presets()
         return
     if bool(scenario) == bool(preset):
@@ -213,11 +215,22 @@ def command(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from dynres.core.config import parse_set_items
+    from dynres.runtime.cli.paths import check_output_dir, check_output_file
     from dynres.runtime.sim import presets
     from dynres.runtime.sim.runner import build_policy, simulate
     from dynres.runtime.sim.scenario import load_scenario
 
     overrides = parse_set_items(sets)
+    for flag, key, value in (
+        ("--seed", "seed", seed),
+        ("--policy", "async_training.dynamic_schedule_policy", policy),
+    ):
+        if value is not None and key in overrides:
+            raise ConfigError(f"{flag} and --set {key}=... both set {key}; give only one of them")
+    if json_path:
+        check_output_file(Path(json_path), "--json")
+    if plot_dir:
+        check_output_dir(Path(plot_dir), "--plot", create=False)
     main_source = preset if preset else scenario
     assert main_source is not None
     if preset and not presets.is_preset(preset):

@@ -12,9 +12,15 @@ in a bounded LRU; an entry names the replica's *registration epoch*, so removing
 invalidates all of its entries at once without scanning them.
 
 :meth:`LoadBalancer.generate` is the retry loop: when a replica returns ``finish_reason="abort"``
-(deactivation, rebalance) or dies, the request is routed again and, with partial rollout on,
-continues from the tokens it already has; with partial rollout off it restarts from scratch.
-A request is never running on two replicas at once and completes exactly once.
+(deactivation, rebalance) or raises anything at all (a ``BackendError``, a ``RuntimeError``, a Ray
+actor error passed through a proxy unchanged), the request is routed again and, with partial
+rollout on, continues from the tokens it already has; with partial rollout off it restarts from
+scratch. A replica that raised is taken out of routing first. A request is never running on two
+replicas at once and completes exactly once.
+
+A replica removed while requests still run on it may be added again before they return (a
+replica back from probation): its count starts at those requests, so each one's release still
+balances; :meth:`LoadBalancer.release` of a request that is not running is a no-op.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from itertools import islice, repeat
 
-from dynres.core.errors import BackendError, ReplicaUnavailableError, RuntimeStateError
+from dynres.core.errors import ReplicaUnavailableError, RuntimeStateError
 from dynres.runtime.loop.gcpolicy import defer_full_collections, resume_full_collections
 from dynres.runtime.protocols import GenerationRequest, GenerationResult, Replica
 
@@ -51,7 +57,7 @@ class BalancerCounters:
     evicted: int = 0
     """Attempts cancelled because their replica stopped answering (retried elsewhere)."""
     replica_failures: int = 0
-    """Attempts that failed because their replica raised a BackendError (retried elsewhere)."""
+    """Attempts that failed because their replica raised (any exception; retried elsewhere)."""
     parked: int = 0
     """Requests returned unfinished (with partial output) because the balancer was draining."""
     duplicates: int = 0
@@ -85,7 +91,7 @@ class LoadBalancer:
             deactivation that aborts thousands of requests at once is spread over iterations so
             the loop stays responsive.
         :param on_change: called after every add/remove (the rollouter recomputes its capacity).
-        :param on_replica_failure: called with (replica_id, error) when a replica raises during
+        :param on_replica_failure: called with (replica_id, error) whenever a replica raises during
             generation; the balancer has already removed it from routing.
         """
         if sticky_capacity < 0:
@@ -115,6 +121,8 @@ class LoadBalancer:
         self._running: dict[str, str] = {}
         # replica id -> its running request ids, oldest first (dict keeps insertion order).
         self._by_replica: dict[str, dict[str, None]] = {}
+        # request id -> the request of its current attempt (partial output of earlier attempts).
+        self._current: dict[str, GenerationRequest] = {}
         self._sticky: OrderedDict[str, tuple[str, int]] = OrderedDict()
         # Requests a rebalance moves: their sticky entries no longer count (see plan_rebalance).
         self._unstick: set[str] = set()
@@ -133,17 +141,23 @@ class LoadBalancer:
     # ---- Membership -------------------------------------------------------------------------
 
     def add_replica(self, replica: Replica) -> None:
-        """Make ``replica`` routable (it starts with 0 in flight); raise if its id is registered."""
+        """Make ``replica`` routable; raise if its id is registered.
+
+        It starts with the attempts of an earlier registration still running on it counted
+        (usually 0), so their release keeps the count right. A new registration epoch
+        invalidates the sticky entries of the earlier one.
+        """
         rid = replica.replica_id
         if rid in self._replicas:
             raise RuntimeStateError(f"replica {rid!r} is already registered in the load balancer; remove it first")
+        running = self._by_replica.setdefault(rid, {})
+        c = len(running)
         self._replicas[rid] = replica
         self._next_epoch += 1
         self._epoch[rid] = self._next_epoch
-        self._count[rid] = 0
-        self._bucket_add(rid, 0)
-        self._min = 0
-        self._by_replica.setdefault(rid, {})
+        self._count[rid] = c
+        self._bucket_add(rid, c)
+        self._min = c if len(self._replicas) == 1 else min(self._min, c)
         self._event().set()
         logger.debug("replica %s added to routing", rid)
         if self._on_change is not None:
@@ -249,8 +263,13 @@ class LoadBalancer:
         return self._replicas[rid]
 
     def release(self, request_id: str) -> None:
-        """The attempt of ``request_id`` ended: stop counting it on its replica."""
-        rid = self._running.pop(request_id)
+        """The attempt of ``request_id`` ended: stop counting it on its replica.
+
+        A no-op when ``request_id`` is not running (never routed, or already released).
+        """
+        rid = self._running.pop(request_id, None)
+        if rid is None:
+            return
         running = self._by_replica.get(rid)
         if running is not None:
             running.pop(request_id, None)
@@ -326,6 +345,11 @@ class LoadBalancer:
             return None
         return entry[0]
 
+    def current_request(self, request_id: str) -> GenerationRequest | None:
+        """The request of ``request_id``'s current attempt, with the partial output of earlier
+        attempts (None when it is not being generated); checkpoints read it."""
+        return self._current.get(request_id)
+
     def forget_sticky(self, request_ids: Iterable[str]) -> None:
         """Drop the sticky entries of ``request_ids`` (they route by load next time)."""
         # Looped in C (a rebalance forgets tens of thousands at once, inside one loop iteration).
@@ -337,13 +361,20 @@ class LoadBalancer:
         """Generate ``request`` to completion on some replica, retrying aborts elsewhere.
 
         Waits while no replica is routable. Returns an aborted result (with all partial output)
-        only when the balancer is draining (end of run); raises the replica's BackendError after
+        only when the balancer is draining (end of run); raises the replica's last error after
         ``max_failed_attempts`` replica failures of this request.
         """
+        try:
+            return await self._generate(request)
+        finally:
+            self._current.pop(request.request_id, None)
+
+    async def _generate(self, request: GenerationRequest) -> GenerationResult:
         req = request
         failures = 0
         task = asyncio.current_task()
         while True:
+            self._current[req.request_id] = req
             while not self._replicas and not self._draining:
                 await self._event().wait()
             if self._draining:
@@ -361,7 +392,7 @@ class LoadBalancer:
                 task.uncancel()
                 self.counters.evicted += 1
                 result = _parked(req, replica.replica_id)
-            except BackendError as exc:
+            except Exception as exc:  # any error of a replica is a replica failure, not the sample's
                 failures += 1
                 self.counters.replica_failures += 1
                 self._fail_replica(replica.replica_id, exc)
@@ -458,8 +489,9 @@ class LoadBalancer:
         logger.warning("replica %s failed during generation: %s; removed from routing", replica_id, exc)
         if replica_id in self._replicas:
             self.remove_replica(replica_id)
-            if self._on_replica_failure is not None:
-                self._on_replica_failure(replica_id, exc)
+        # Reported even when the replica already left routing, so every failure is on record.
+        if self._on_replica_failure is not None:
+            self._on_replica_failure(replica_id, exc)
 
     # ---- Rebalance and draining ----------------------------------------------------------
 

@@ -31,15 +31,24 @@ A full garbage collection would stop the loop for as long as it scans every requ
 so none runs during a transition (:func:`~dynres.runtime.loop.gcpolicy.no_full_collection`).
 
 Each step runs on all replicas concurrently with a per-operation timeout. A replica that fails
-or times out is reported, taken out of routing, its stuck requests are evicted (retried
-elsewhere), and it is *quarantined*: never activated again in this run. The trainer's own
-offload failing cancels the activation; its onload failing is fatal (training cannot go on).
+(any exception from ``generate``, a weight load, a wake-up) or times out is reported, taken out
+of routing, its stuck requests are evicted (retried elsewhere), and it is put on *probation*:
+after a backoff (``probation_backoff_s``, doubling with each failure of that replica, at most
+``probation_max_s``) a standalone replica gets a health probe (``health()``, then the current
+weights through pause, update_weights, resume) and rejoins routing; a hybrid replica becomes
+eligible for the next activation again, whose own wake-up is its probe. After ``max_probes``
+failed probes in a row it is *quarantined*. A replica whose ``abort`` or ``sleep`` fails or hangs
+is quarantined at once (its requests and memory are in an unknown state): never activated again
+in this run; so is a replica that reports itself gone for good through a ``lost_reason``
+attribute (a Ray replica whose actor died). The trainer's own offload failing cancels the
+activation; its onload failing is fatal (training cannot go on).
 """
 
 from __future__ import annotations
 
 import asyncio
 import enum
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -71,6 +80,20 @@ class ControllerState(str, enum.Enum):
 
 
 @dataclass(frozen=True)
+class ReplicaEvent:
+    """A replica leaving routing after a failure, coming back, or being quarantined."""
+
+    at_s: float
+    """Run-clock time (seconds since run start)."""
+    replica: str
+    """Replica id."""
+    event: str
+    """``probation`` (out, to be probed), ``back`` (probe passed, routable again), ``quarantined``."""
+    reason: str
+    """The failure (or, for ``back``, how long it was out)."""
+
+
+@dataclass(frozen=True)
 class StateChange:
     """One controller state transition."""
 
@@ -91,20 +114,28 @@ class Controller:
         balancer: LoadBalancer,
         train_engine: TrainEngine,
         hybrid: Sequence[Replica],
+        standalone: Sequence[Replica] = (),
         ops: OpRunner,
         pm: pluggy.PluginManager | None = None,
         now: Callable[[], float],
         sleep_level: int = 1,
+        probation_backoff_s: float = 1.0,
+        probation_max_s: float = 60.0,
+        max_probes: int = 5,
     ) -> None:
         """Create a controller in STANDALONE_ONLY (hybrid replicas asleep, not routable).
 
         :param balancer: the load balancer the hybrid replicas join and leave.
         :param train_engine: the trainer that lends its GPUs.
         :param hybrid: the hybrid replicas.
+        :param standalone: the standalone replicas (probed and brought back after a failure).
         :param ops: runs backend operations with timeouts and records them.
         :param pm: plugin manager for ``dynres_state_transition`` (None: no hook calls).
         :param now: run clock (seconds since run start).
         :param sleep_level: level passed to ``Replica.sleep`` (1 offloads weights to CPU).
+        :param probation_backoff_s: wait before a failed replica's first probe (seconds).
+        :param probation_max_s: longest wait between probes (seconds; the backoff doubles up to it).
+        :param max_probes: failed probes in a row after which a replica is quarantined (count).
         """
         self.balancer = balancer
         """Routing table the hybrid replicas join on activation and leave on deactivation."""
@@ -124,6 +155,20 @@ class Controller:
         """Hybrid replicas that are routable now."""
         self.quarantined: dict[str, str] = {}
         """Replica id -> why it is never used again in this run."""
+        self.probation_backoff_s = probation_backoff_s
+        """Wait before a failed replica's first probe (seconds)."""
+        self.probation_max_s = probation_max_s
+        """Longest wait between two probes of one replica (seconds)."""
+        self.max_probes = max_probes
+        """Failed probes in a row after which a replica is quarantined (count)."""
+        self.probation: dict[str, float] = {}
+        """Replica id -> run-clock time before which it is not used again (seconds)."""
+        self.replica_events: list[ReplicaEvent] = []
+        """Every probation, return and quarantine, in order."""
+        self.last_update: WeightUpdate | None = None
+        """The latest weights published to the replicas (a replica back from probation loads them)."""
+        self._strikes: dict[str, int] = {}
+        self._probes: dict[str, asyncio.Task[None]] = {}
         self.last_activate_duration_s = 0.0
         """Duration of the latest activation (seconds; 0 = none yet)."""
         self.last_deactivate_duration_s = 0.0
@@ -136,6 +181,7 @@ class Controller:
         """Rebalances (count)."""
         self.overhead_s = 0.0
         """Run-clock time of transitions not spent waiting on backend operations (seconds)."""
+        self._standalone: list[Replica] = list(standalone)
         self._pm = pm
         self._now = now
         self._lock = asyncio.Lock()
@@ -149,8 +195,18 @@ class Controller:
 
     @property
     def usable_hybrid(self) -> list[Replica]:
-        """Hybrid replicas not quarantined."""
-        return [r for r in self.hybrid if r.replica_id not in self.quarantined]
+        """Hybrid replicas neither quarantined nor on probation now."""
+        t = self._now()
+        return [
+            r
+            for r in self.hybrid
+            if r.replica_id not in self.quarantined and self.probation.get(r.replica_id, 0.0) <= t
+        ]
+
+    @property
+    def probing(self) -> bool:
+        """True while a standalone replica on probation may still come back."""
+        return any(not t.done() for t in self._probes.values())
 
     def _set(self, new: ControllerState) -> None:
         old = self.state
@@ -181,15 +237,94 @@ class Controller:
         if rid not in self.quarantined:
             logger.warning("replica %s quarantined for the rest of the run: %s", rid, reason)
             self.quarantined[rid] = reason
+            self.replica_events.append(ReplicaEvent(self._now(), rid, "quarantined", reason))
+        self.probation.pop(rid, None)
+        probe = self._probes.pop(rid, None)
+        if probe is not None and probe is not asyncio.current_task():
+            probe.cancel()
         if self.balancer.has_replica(rid):
             self.balancer.remove_replica(rid)
         self.balancer.evict(rid)
         self.active = [r for r in self.active if r.replica_id != rid]
 
+    def suspend(self, replica: Replica | str, reason: str) -> None:
+        """Take a failed replica out of routing, retry its stuck requests elsewhere, and put it
+        on probation (see the module doc); a quarantined one stays quarantined."""
+        rid = replica if isinstance(replica, str) else replica.replica_id
+        if rid in self.quarantined:
+            return
+        obj = next((r for r in [*self._standalone, *self.hybrid] if r.replica_id == rid), None)
+        lost = getattr(obj, "lost_reason", None)
+        if lost:  # e.g. a Ray actor that died: it can never pass a probe
+            self.quarantine(rid, f"{reason}; the replica is lost ({lost})")
+            return
+        if self.balancer.has_replica(rid):
+            self.balancer.remove_replica(rid)
+        self.balancer.evict(rid)
+        strikes = self._strikes[rid] = self._strikes.get(rid, 0) + 1
+        backoff = min(self.probation_max_s, self.probation_backoff_s * 2 ** (strikes - 1))
+        self.probation[rid] = self._now() + backoff
+        logger.warning("replica %s on probation for %.3g s: %s", rid, backoff, reason)
+        self.replica_events.append(ReplicaEvent(self._now(), rid, "probation", reason))
+        standalone = next((r for r in self._standalone if r.replica_id == rid), None)
+        if standalone is not None and rid not in self._probes:
+            self._probes[rid] = asyncio.get_running_loop().create_task(
+                self._probe(standalone, backoff), name=f"dynres-probe-{rid}"
+            )
+        # A hybrid replica stays in ``active``: the next deactivation still aborts and sleeps it.
+
+    async def _probe(self, replica: Replica, backoff: float) -> None:
+        """Probe a standalone replica on probation until it passes (it rejoins) or is quarantined."""
+        rid = replica.replica_id
+        out_at = self._now()
+        failed = 0
+        while True:
+            await asyncio.sleep(max(0.0, self.probation.get(rid, self._now() + backoff) - self._now()))
+            try:
+                health = await self.ops.one("health", rid, replica.health)
+                if not health.healthy:
+                    raise RuntimeError(f"health probe says unhealthy: {health.detail or 'no detail'}")
+                await self.ops.one("pause", rid, replica.pause)
+                # Load the newest weights; a sync that happens meanwhile means loading again.
+                while True:
+                    update = self.last_update
+                    if update is not None:
+                        await self.ops.one("update_weights", rid, functools.partial(replica.update_weights, update))
+                    if update is self.last_update:
+                        break
+                await self.ops.one("resume", rid, replica.resume)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                failed += 1
+                if failed >= self.max_probes:
+                    self._probes.pop(rid, None)
+                    self.quarantine(rid, f"{failed} health probes failed, last: {exc}")
+                    return
+                backoff = min(self.probation_max_s, backoff * 2)
+                self.probation[rid] = self._now() + backoff
+                continue
+            self._probes.pop(rid, None)
+            self.probation.pop(rid, None)
+            self.replica_events.append(ReplicaEvent(self._now(), rid, "back", f"out for {self._now() - out_at:.3f} s"))
+            logger.info("replica %s passed its probe; routable again", rid)
+            self.balancer.add_replica(replica)
+            return
+
+    async def close(self) -> None:
+        """Stop the probes of replicas on probation (end of run)."""
+        probes = list(self._probes.values())
+        self._probes.clear()
+        for t in probes:
+            t.cancel()
+        await asyncio.gather(*probes, return_exceptions=True)
+
     def on_replica_failure(self, replica_id: str, exc: BaseException) -> None:
         """Balancer callback: a replica raised during generation (already out of routing)."""
         self.ops.record_failure("generate", replica_id, f"{type(exc).__name__}: {exc}", timeout=False)
-        self.quarantine(replica_id, f"generate failed: {exc}")
+        if replica_id in self.probation or replica_id in self.quarantined:
+            return  # another request saw the same failure first
+        self.suspend(replica_id, f"generate failed: {type(exc).__name__}: {exc}")
 
     # ---- Transitions ---------------------------------------------------------------------
 
@@ -210,7 +345,7 @@ class Controller:
                 ok, bad = await self.ops.many(op, targets, call)
                 waited += self._now() - ts
                 for r in bad:
-                    self.quarantine(r, f"{op} failed during activation")
+                    self.suspend(r, f"{op} failed during activation")
                 return ok
 
             try:
@@ -229,10 +364,12 @@ class Controller:
             ok = await phase("resume", ok, lambda r: r.resume())
             failed = [r for r in candidates if r not in ok]
             if failed:
-                # Give back whatever memory the failed replicas took; they stay quarantined.
+                # Give back whatever memory the failed replicas took; they stay on probation.
                 ts = self._now()
-                await self.ops.many("sleep", failed, lambda r: r.sleep(self.sleep_level))
+                _, bad_sleep = await self.ops.many("sleep", failed, lambda r: r.sleep(self.sleep_level))
                 waited += self._now() - ts
+                for r in bad_sleep:
+                    self.quarantine(r, "sleep failed after a failed activation")
             if not ok:
                 ts = self._now()
                 await self.ops.one("onload", "trainer", self.train_engine.onload)
@@ -241,6 +378,9 @@ class Controller:
                 self.overhead_s += max(0.0, self._now() - t0 - waited)
                 return False
             self.active = list(ok)
+            for r in ok:
+                self.probation.pop(r.replica_id, None)  # the wake-up was its probe
+            self.last_update = update
             self.activations += 1
             self.last_activate_duration_s = self._now() - t0
             self.overhead_s += max(0.0, self.last_activate_duration_s - waited)
@@ -266,7 +406,10 @@ class Controller:
             ts = self._now()
             _, bad = await self.ops.many("abort", replicas, abort_and_drain)
             for r in bad:
-                self.balancer.evict(r.replica_id)
+                # Its requests' state is unknown and each deactivation would wait op_timeout_s
+                # on it again: never use it again.
+                self.quarantine(r, "abort failed or hung during deactivation")
+            replicas = [r for r in replicas if r not in bad]
             _, bad_sleep = await self.ops.many("sleep", replicas, lambda r: r.sleep(self.sleep_level))
             waited += self._now() - ts
             for r in bad_sleep:
@@ -315,6 +458,7 @@ class Controller:
             await self.ops.one("update_weights", rid, lambda: r.update_weights(update))
             await self.ops.one("resume", rid, r.resume)
 
+        self.last_update = update
         results = await asyncio.gather(*(one(r) for r in replicas), return_exceptions=True)
         failed = []
         for r, res in zip(replicas, results, strict=True):
@@ -322,7 +466,7 @@ class Controller:
                 raise res
             if isinstance(res, BaseException):
                 failed.append(r)
-                self.quarantine(r, f"weight sync failed: {res}")
+                self.suspend(r, f"weight sync failed: {res}")
         return failed
 
     async def abort_everywhere(self) -> None:
@@ -335,6 +479,4 @@ class Controller:
 
         _, bad = await self.ops.many("abort", targets, abort_and_drain)
         for r in bad:
-            if self.balancer.has_replica(r.replica_id):
-                self.balancer.remove_replica(r.replica_id)
-            self.balancer.evict(r.replica_id)
+            self.quarantine(r, "abort failed or hung at the end of the run")

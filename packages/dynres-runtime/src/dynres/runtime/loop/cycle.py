@@ -39,6 +39,7 @@ from typing import Any
 
 import pluggy
 
+from dynres.core.errors import BackendError
 from dynres.core.metrics import MicroStep, cycle_metrics, train_compute_time
 from dynres.runtime.loop.balancer import LoadBalancer
 from dynres.runtime.loop.controller import Controller
@@ -162,7 +163,9 @@ class TrainerLoop:
     def _no_producer(self) -> bool:
         """True when nothing can generate until the trainer itself acts."""
         w = self.wiring
-        return w.rollouter.finished() or (w.balancer.num_replicas == 0 and not w.controller.is_hybrid_active)
+        return w.rollouter.finished() or (
+            w.balancer.num_replicas == 0 and not w.controller.is_hybrid_active and not w.controller.probing
+        )
 
     async def _wait_batch(self) -> list[Any]:
         """Wait for one collection, activating hybrid replicas if nothing else could produce it."""
@@ -235,7 +238,7 @@ class TrainerLoop:
                 await w.controller.deactivate()
                 c.deactivate_s = w.controller.last_deactivate_duration_s
             ts = w.now()
-            result = await w.ops.one("train_step", "trainer", functools.partial(w.train_engine.train_step, batch))
+            result = await self._train(batch)
             c.train_call_s += w.now() - ts
             c.train_metrics = dict(result.metrics)
             c.collections.append(
@@ -249,6 +252,26 @@ class TrainerLoop:
                     ended_s=w.now(),
                 )
             )
+
+    async def _train(self, batch: list[Any]) -> Any:
+        """One train_step on ``batch``; retried once when the engine marks its error retryable.
+
+        When it fails for good (raises, or hangs past op_timeout_s) the batch goes back to the
+        front of the queue, so a checkpoint still holds it, and the error is raised.
+        """
+        w = self.wiring
+        step = functools.partial(w.train_engine.train_step, batch)
+        try:
+            try:
+                return await w.ops.one("train_step", "trainer", step)
+            except BackendError as exc:
+                if not _retryable(exc):
+                    raise
+                logger.warning("train_step failed with a retryable error (%s); retrying it once", exc)
+                return await w.ops.one("train_step", "trainer", step)
+        except BaseException:
+            w.queue.requeue(batch)
+            raise
 
     async def _sync(self, *, new_version: bool = True) -> WeightUpdate:
         """Step 3: export weights (a new version unless startup) and load them into the routable
@@ -398,6 +421,11 @@ class TrainerLoop:
         window = self._end_cycle(c)
         c.activated, c.rebalanced, c.moved = await self._decide(update, c.decisions)
         return self._report(c, window, decided_s=w.now())
+
+
+def _retryable(exc: BaseException) -> bool:
+    """True when the error (or the engine error it wraps) has a true ``retryable`` attribute."""
+    return bool(getattr(exc, "retryable", False) or getattr(exc.__cause__, "retryable", False))
 
 
 async def maybe_await(value: Any) -> None:

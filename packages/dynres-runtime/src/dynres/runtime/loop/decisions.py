@@ -68,6 +68,19 @@ class DecisionRecord:
     """Real time the call took, thread hop included (seconds; profiling only)."""
 
 
+class PolicyInterrupted(Exception):
+    """A policy method raised SystemExit or KeyboardInterrupt; ``original`` is that exception.
+
+    Carried as an ordinary exception so asyncio does not tear the event loop down with it: the
+    run drains, then ends with RunAbortedError (exit code 130 or 2).
+    """
+
+    def __init__(self, original: BaseException) -> None:
+        """Wrap ``original`` (the SystemExit or KeyboardInterrupt the policy raised)."""
+        super().__init__(f"the policy raised {type(original).__name__}({original})")
+        self.original = original
+
+
 class _DaemonThreadExecutor(concurrent.futures.Executor):
     """Runs each call in a fresh daemon thread, so a hung policy cannot block interpreter exit."""
 
@@ -79,6 +92,8 @@ class _DaemonThreadExecutor(concurrent.futures.Executor):
                 return
             try:
                 fut.set_result(fn(*args, **kwargs))
+            except (SystemExit, KeyboardInterrupt) as exc:
+                fut.set_exception(PolicyInterrupted(exc))
             except BaseException as exc:  # delivered to the awaiting coroutine
                 fut.set_exception(exc)
 
@@ -153,6 +168,8 @@ class DecisionGuard:
         except TimeoutError:
             reason = f"no answer within {self.timeout_s:g} s"
             raw_text = "<timeout>"
+        except PolicyInterrupted:
+            raise  # not a bad answer: the policy asked to stop the run
         except Exception as exc:  # third-party code: anything may come out
             reason = f"raised {type(exc).__name__}: {exc}"
             raw_text = f"<{type(exc).__name__}>"

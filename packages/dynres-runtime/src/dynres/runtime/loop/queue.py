@@ -66,7 +66,8 @@ class MessageQueue:
         self.on_drop = on_drop
         """Called for each sample dropped as stale."""
         self.consumed = 0
-        """Samples handed to the trainer (count)."""
+        """Samples handed to the trainer and not given back (count; after a failed train step
+        the batch is requeued, so this counts what was trained or is being trained)."""
         self.dropped_stale = 0
         """Samples dropped because they were too stale (count)."""
         self.duplicates = 0
@@ -174,6 +175,14 @@ class MessageQueue:
         cond = self._condition()
         async with cond:
             cond.notify_all()
+
+    def requeue(self, batch: list[Sample]) -> None:
+        """Put a batch the trainer took but could not train back at the front, in its order;
+        ``consumed`` goes back down by its size (it counts only what was trained)."""
+        for s in reversed(batch):
+            self._items.appendleft(s)
+            self._versions[s.start_version] = self._versions.get(s.start_version, 0) + 1
+        self.consumed -= len(batch)
 
     def snapshot(self) -> list[Sample]:
         """The queued samples, oldest first (for checkpoints)."""

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dynres.core.metrics import METRIC_KEYS
-from dynres.runtime.loop.controller import StateChange
+from dynres.runtime.loop.controller import ReplicaEvent, StateChange
 from dynres.runtime.loop.decisions import DecisionRecord
 from dynres.runtime.loop.ops import OpFailure, OpStat
 
@@ -182,6 +182,10 @@ class RunReport:
     """Backend operations that failed or timed out."""
     quarantined: dict[str, str]
     """Replica id -> why it was taken out of the run."""
+    replica_events: list[ReplicaEvent]
+    """Replicas put on probation after a failure, back after a probe, or quarantined, in order."""
+    failed_samples: list[str]
+    """Ids of samples given up because a request failed on every replica it tried (should be empty)."""
     final_state: str
     """Controller state at the end."""
     weight_version: int

@@ -106,7 +106,12 @@ class Rollouter:
         self.admitted = 0
         """Samples admitted (count)."""
         self.failed = 0
-        """Samples lost because a request failed on every replica it tried (count)."""
+        """Samples given up because a request failed on every replica it tried (count)."""
+        self.failed_ids: list[str] = []
+        """Ids of those samples, in order (the report names them)."""
+        self.source_position = 0
+        """Prompt groups taken from the prompt source so far (count; a checkpoint records it so a
+        resumed run can restart the source where this one stopped)."""
         self.source_exhausted = False
         """The prompt source has no more prompt groups."""
         self.partials: list[PartialSample] = []
@@ -116,6 +121,9 @@ class Rollouter:
         self._iter: Iterator[PromptGroup] | AsyncIterator[PromptGroup] | None = None
         self._resume: list[PartialSample] = []
         self._in_flight: dict[str, asyncio.Task[None]] = {}
+        # sample id -> (group, start version, admitted at, one slot per response: its finished
+        # result, or an aborted one carrying partial output from a checkpoint, or None).
+        self._slots: dict[str, tuple[PromptGroup, int, float, list[GenerationResult | None]]] = {}
         self._admitting = True
         self._stopped = False
         self._wake: asyncio.Event | None = None
@@ -273,10 +281,13 @@ class Rollouter:
             self._iter = aiter(src) if isinstance(src, AsyncIterable) else iter(src)
         try:
             if isinstance(self._iter, AsyncIterator):
-                return await anext(self._iter)
-            return next(self._iter)
+                group = await anext(self._iter)
+            else:
+                group = next(self._iter)
         except (StopIteration, StopAsyncIteration):
             return None
+        self.source_position += 1
+        return group
 
     def _start(self, group: PromptGroup, start_version: int, partial: PartialSample | None) -> None:
         _, idle = self._events()
@@ -292,20 +303,22 @@ class Rollouter:
         self._in_flight[group.sample_id] = task
         self._record()
 
+    async def _fill(self, slots: list[GenerationResult | None], i: int, request: GenerationRequest) -> None:
+        slots[i] = await self.balancer.generate(request)
+
     async def _generate(
         self, group: PromptGroup, start_version: int, started: float, partial: PartialSample | None
     ) -> None:
+        slots: list[GenerationResult | None] = [None] * group.n if partial is None else list(partial.results)
+        self._slots[group.sample_id] = (group, start_version, started, slots)
         try:
             if partial is None:
-                requests = group.requests()
-                results = list(await asyncio.gather(*(self.balancer.generate(r) for r in requests)))
+                await asyncio.gather(*(self._fill(slots, i, r) for i, r in enumerate(group.requests())))
             else:
-                results = list(partial.results)
-                todo = [i for i, r in enumerate(results) if r.aborted]
+                todo = [i for i, r in enumerate(partial.results) if r.aborted]
                 redo = partial.requests()
-                done = await asyncio.gather(*(self.balancer.generate(r) for r in redo))
-                for i, r in zip(todo, done, strict=True):
-                    results[i] = r
+                await asyncio.gather(*(self._fill(slots, i, r) for i, r in zip(todo, redo, strict=True)))
+            results = [r for r in slots if r is not None]
             if any(r.aborted for r in results):
                 # The balancer is draining (end of run): keep everything generated so far.
                 self.partials.append(PartialSample(group, tuple(results), start_version, started))
@@ -324,9 +337,11 @@ class Rollouter:
             raise
         except Exception:
             self.failed += 1
-            logger.exception("sample %s failed on every replica it tried; it is lost", group.sample_id)
+            self.failed_ids.append(group.sample_id)
+            logger.exception("sample %s failed on every replica it tried; it is given up", group.sample_id)
         finally:
             del self._in_flight[group.sample_id]
+            self._slots.pop(group.sample_id, None)
             self._record()
             if not self._in_flight and self._idle is not None:
                 self._idle.set()
@@ -334,6 +349,37 @@ class Rollouter:
                 self._wake.set()
             if self.finished():
                 await self.queue.notify()
+
+    def in_flight_partials(self) -> list[PartialSample]:
+        """The samples being generated now, as partial samples (for a checkpoint taken mid-run).
+
+        Finished responses are kept as they are; an unfinished one carries the partial output of
+        its earlier attempts (the tokens of the attempt running now are not known without an
+        abort, so that attempt is redone on resume), and admitted samples come first, then the
+        ones a checkpoint handed to this run that have not started again yet.
+        """
+        out = []
+        for group, start_version, started, slots in self._slots.values():
+            results = []
+            for i, res in enumerate(slots):
+                if res is not None and not res.aborted:
+                    results.append(res)
+                    continue
+                cur = self.balancer.current_request(group.request_id(i))
+                tokens = cur.partial_token_ids if cur is not None else (res.token_ids if res is not None else ())
+                logprobs = cur.partial_logprobs if cur is not None else (res.logprobs if res is not None else ())
+                results.append(
+                    GenerationResult(
+                        request_id=group.request_id(i),
+                        token_ids=tokens,
+                        logprobs=logprobs,
+                        finish_reason="abort",
+                        replica_id="",
+                    )
+                )
+            out.append(PartialSample(group, tuple(results), start_version, started))
+        out.extend(self._resume)
+        return out
 
     async def stop(self) -> None:
         """Stop admitting and wait for in-flight samples (the balancer must be draining)."""

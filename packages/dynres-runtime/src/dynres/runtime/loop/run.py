@@ -7,6 +7,12 @@ cycles, then drains: the balancer stops retrying, everything in flight is aborte
 its partial output, and hybrid replicas still active are deactivated. The replicas and the train
 engine are not shut down (the caller owns them).
 
+A run that cannot finish its cycles (a train step that fails or hangs, a stall the watchdog
+names, a policy that raises ``SystemExit`` or ``KeyboardInterrupt``, a prompt source that breaks)
+drains the same way and raises :class:`~dynres.core.errors.RunAbortedError`, whose ``report``
+holds the cycles done and a checkpoint with every admitted, untrained sample. Replica faults do
+not end a run: the replica goes on probation (see :mod:`~dynres.runtime.loop.controller`).
+
 Example::
 
     report = asyncio.run(run_fully_async(RunSpec(
@@ -26,13 +32,13 @@ import pluggy
 
 from dynres.core import BoundPolicy, DynresConfig, Policy, get_plugin_manager
 from dynres.core.context import step_required_samples
-from dynres.core.errors import ConfigError, RuntimeStateError
+from dynres.core.errors import ConfigError, DynresError, RunAbortedError, RunStalledError, RuntimeStateError
 from dynres.runtime.loop.balancer import LoadBalancer
-from dynres.runtime.loop.checkpoint import CHECKPOINT_FORMAT, make_checkpoint, restore_checkpoint
+from dynres.runtime.loop.checkpoint import CHECKPOINT_FORMAT, make_checkpoint, policy_state, restore_checkpoint
 from dynres.runtime.loop.clock import RunClock
 from dynres.runtime.loop.controller import Controller, ControllerState
 from dynres.runtime.loop.cycle import LoopWiring, StopRun, TrainerLoop, maybe_await
-from dynres.runtime.loop.decisions import DecisionGuard, DecisionRecord
+from dynres.runtime.loop.decisions import DecisionGuard, DecisionRecord, PolicyInterrupted
 from dynres.runtime.loop.gcpolicy import run_gc_policy
 from dynres.runtime.loop.ops import OpRunner
 from dynres.runtime.loop.queue import MessageQueue
@@ -105,6 +111,16 @@ class RunSpec:
     is then one segment of a longer one, so production does not stop at this run's demand."""
     resume_from: Mapping[str, Any] | None = None
     """A checkpoint to resume from (its queue, partial samples, steps, weight version, policy state)."""
+    stall_timeout_s: float | None = 3600.0
+    """The watchdog ends the run with RunStalledError (inside RunAbortedError) when nothing
+    progresses for this long: no sample admitted, generated or trained, no request finished or
+    failed, no backend operation finished (seconds; None: no watchdog; must exceed op_timeout_s)."""
+    probation_backoff_s: float = 1.0
+    """Wait before a failed replica's first health probe (seconds; doubles per failure)."""
+    probation_max_s: float = 60.0
+    """Longest wait between two probes of a replica on probation (seconds)."""
+    max_probes: int = 5
+    """Failed probes in a row after which a replica is quarantined for the rest of the run (count)."""
 
     def __post_init__(self) -> None:
         """Check the spec's consistency; raise ConfigError naming the field and the fix."""
@@ -126,6 +142,15 @@ class RunSpec:
             raise ConfigError(f"replica ids must be unique; repeated: {dup}")
         if self.op_timeout_s <= 0 or self.policy_timeout_s <= 0:
             raise ConfigError("RunSpec.op_timeout_s and policy_timeout_s must be > 0 seconds")
+        if self.stall_timeout_s is not None and not self.stall_timeout_s > self.op_timeout_s:
+            raise ConfigError(
+                f"RunSpec.stall_timeout_s ({self.stall_timeout_s:g} s) must exceed op_timeout_s "
+                f"({self.op_timeout_s:g} s), or one slow operation would look like a stall; raise it or pass None"
+            )
+        if not (self.probation_backoff_s > 0 and self.probation_max_s >= self.probation_backoff_s):
+            raise ConfigError("RunSpec.probation_backoff_s must be > 0 and probation_max_s >= it (seconds)")
+        if self.max_probes < 1:
+            raise ConfigError(f"RunSpec.max_probes must be >= 1, got {self.max_probes}")
         if max_required_samples(self.config) < self.config.required_samples:
             raise ConfigError("max_required_samples is below required_samples; check the config")
 
@@ -190,10 +215,14 @@ class FullyAsyncRun:
             balancer=self.balancer,
             train_engine=spec.train_engine,
             hybrid=spec.hybrid,
+            standalone=spec.standalone,
             ops=self.ops,
             pm=self.policy.pm,
             now=now,
             sleep_level=spec.sleep_level,
+            probation_backoff_s=spec.probation_backoff_s,
+            probation_max_s=spec.probation_max_s,
+            max_probes=spec.max_probes,
         )
         """Carries out activation, deactivation, rebalance and weight loading of the replicas."""
         self.guard = DecisionGuard(self.policy, timeout_s=spec.policy_timeout_s, now=now)
@@ -255,6 +284,8 @@ class FullyAsyncRun:
                 rollouter=self.rollouter,
                 partial_rollout=spec.config.async_training.partial_rollout,
             )
+        if spec.keep_checkpoint:
+            policy_state(self.policy)  # a state_dict that cannot be saved fails before any work
         self.rollouter.start_window()
         # The runtime's GC step (loop/gcpolicy.py): start-up objects frozen, full collections
         # kept out of transitions; undone when the run ends.
@@ -267,13 +298,15 @@ class FullyAsyncRun:
         startup: list[DecisionRecord] = []
         stopped_early = ""
         self.tracker.total_steps = self.tracker.global_steps + spec.num_cycles
+        failure: BaseException | None = None
         roll_task = asyncio.create_task(self.rollouter.run(), name="dynres-rollouter")
+        watchdog = asyncio.create_task(self._watchdog(), name="dynres-watchdog") if spec.stall_timeout_s else None
         end_to_end = 0.0
         try:
-            startup = await self._watch(self.trainer.startup(), roll_task)
+            startup = await self._watch(self.trainer.startup(), roll_task, watchdog)
             for _ in range(spec.num_cycles):
                 try:
-                    report = await self._watch(self.trainer.cycle(), roll_task)
+                    report = await self._watch(self.trainer.cycle(), roll_task, watchdog)
                 except StopRun as stop:
                     stopped_early = str(stop)
                     logger.warning("run stopped after %d cycles: %s", len(cycles), stopped_early)
@@ -282,27 +315,115 @@ class FullyAsyncRun:
                 end_to_end = report.end_s
                 if spec.progress is not None:
                     await maybe_await(spec.progress(report))
+        except (Exception, KeyboardInterrupt, SystemExit) as exc:
+            # Every other way out of a run still drains it and hands back a report + checkpoint.
+            failure = exc
+            stopped_early = f"{type(exc).__name__}: {exc}"
+            logger.error("run stopped after %d cycles: %s", len(cycles), stopped_early)
         finally:
+            if watchdog is not None:
+                watchdog.cancel()
+                await asyncio.gather(watchdog, return_exceptions=True)
             await self._teardown(roll_task)
-        return self._report(end_to_end, cycles, startup, stopped_early)
+        if failure is not None:
+            raise self._aborted(failure, end_to_end, cycles, startup, stopped_early) from failure
+        try:
+            return self._report(end_to_end, cycles, startup, stopped_early)
+        except DynresError as exc:  # the checkpoint could not be written (policy state_dict)
+            report = self._report(end_to_end, cycles, startup, stopped_early, with_checkpoint=False)
+            raise RunAbortedError(f"the run finished but {exc}", report=report) from exc
 
-    async def _watch(self, coro: Any, roll_task: asyncio.Task[None]) -> Any:
-        """Await ``coro`` but fail fast if the rollouter loop crashes meanwhile."""
+    def _aborted(
+        self,
+        failure: BaseException,
+        end_to_end: float,
+        cycles: list[CycleReport],
+        startup: list[DecisionRecord],
+        stopped_early: str,
+    ) -> RunAbortedError:
+        """The error a failed run raises: the cause, and a report whose checkpoint loses nothing."""
+        where = f"after {len(cycles)} of {self.spec.num_cycles} cycles"
+        try:
+            report = self._report(end_to_end, cycles, startup, stopped_early, with_checkpoint=True)
+            kept = "its report (.report) holds a checkpoint with every untrained sample; resume from it"
+        except DynresError as exc:
+            report = self._report(end_to_end, cycles, startup, stopped_early, with_checkpoint=False)
+            kept = f"no checkpoint could be written ({exc})"
+        if isinstance(failure, PolicyInterrupted):
+            failure = failure.original
+        if isinstance(failure, KeyboardInterrupt | SystemExit):
+            what = f"interrupted by {type(failure).__name__}"
+            if isinstance(failure, SystemExit) and failure.code not in (None, 0):
+                what += f"({failure.code})"
+            code = 130 if isinstance(failure, KeyboardInterrupt) else 2
+        else:
+            what = f"stopped by {type(failure).__name__}: {failure}"
+            code = 2
+        return RunAbortedError(f"run {what} {where}; {kept}", report=report, exit_code=code)
+
+    def _progress_mark(self) -> tuple[int, ...]:
+        """Numbers that change whenever the run gets anywhere (the watchdog compares them)."""
+        bc = self.balancer.counters
+        return (
+            self.rollouter.admitted,
+            self.rollouter.generated,
+            self.queue.consumed,
+            self.queue.dropped_stale,
+            bc.completed,
+            bc.aborted,
+            bc.replica_failures,
+            len(self.controller.timeline),
+            len(self.controller.replica_events),
+            sum(st.count for st in self.ops.stats.values()),
+            self.tracker.global_steps,
+        )
+
+    async def _watchdog(self) -> str:
+        """Return (ending the run) a description once nothing has progressed for stall_timeout_s."""
+        limit = float(self.spec.stall_timeout_s or 0.0)
+        mark = self._progress_mark()
+        since = self.clock.elapsed()
+        while True:
+            await asyncio.sleep(limit / 4)
+            cur = self._progress_mark()
+            if cur != mark:
+                mark, since = cur, self.clock.elapsed()
+                continue
+            if self.clock.elapsed() - since >= limit:
+                return (
+                    f"the run made no progress for {limit:g} s (cycle {self.tracker.global_steps + 1}, "
+                    f"controller {self.controller.state.value}, {self.queue.size} samples queued, "
+                    f"{self.rollouter.in_flight} generating on {self.balancer.num_replicas} routable replicas, "
+                    f"{len(self.controller.quarantined)} quarantined, {len(self.controller.probation)} on probation); "
+                    "check the replicas and the train engine, or raise RunSpec.stall_timeout_s"
+                )
+
+    async def _watch(self, coro: Any, roll_task: asyncio.Task[None], watchdog: asyncio.Task[str] | None) -> Any:
+        """Await ``coro`` but fail fast if the rollouter loop crashes or the watchdog fires meanwhile."""
         main = asyncio.ensure_future(coro)
-        if roll_task.done():
-            return await main
-        done, _ = await asyncio.wait({main, roll_task}, return_when=asyncio.FIRST_COMPLETED)
-        if main in done:
-            return main.result()
-        exc = roll_task.exception()
-        if exc is None:  # the rollouter finished normally (source exhausted)
-            return await main
-        main.cancel()
-        await asyncio.gather(main, return_exceptions=True)
-        raise exc
+        waiting: set[asyncio.Future[Any]] = {main}
+        if not roll_task.done():
+            waiting.add(roll_task)
+        if watchdog is not None:
+            waiting.add(watchdog)
+        while True:
+            done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            if main in done:
+                return main.result()
+            if roll_task in done:
+                waiting.discard(roll_task)
+                exc = roll_task.exception()
+                if exc is None:  # the rollouter finished normally (source exhausted)
+                    continue
+            else:
+                exc = RunStalledError(watchdog.result()) if watchdog is not None else None
+            main.cancel()
+            await asyncio.gather(main, return_exceptions=True)
+            raise exc if exc is not None else RuntimeStateError("the run's watch ended without a cause")
 
     async def _teardown(self, roll_task: asyncio.Task[None]) -> None:
         try:
+            await self.controller.close()
             self.balancer.start_draining()
             await self.controller.abort_everywhere()
             if self.controller.state is ControllerState.HYBRID_ACTIVE:
@@ -319,10 +440,11 @@ class FullyAsyncRun:
     def checkpoint(self) -> dict[str, Any]:
         """The state needed to resume, as JSON-serialisable data.
 
-        After :meth:`run` returned it holds the queued samples, the samples interrupted by the end
-        of the run with their partial output, the step and weight-version counters and the
-        policy's ``state_dict``. Called during a run (e.g. from the progress callback) it holds
-        the queue and, for samples still generating, only their prompt groups (they restart).
+        It holds every admitted sample not trained yet: the queued ones and, with their finished
+        responses and partial output, those interrupted by the end of the run or (called during
+        a run, e.g. from the progress callback) still generating; plus the step and
+        weight-version counters, the prompt source's position and the policy's ``state_dict``
+        (PolicyError when that is not plain JSON). See :mod:`dynres.runtime.loop.checkpoint`.
         """
         if not self._started:
             raise RuntimeStateError("checkpoint() needs a started run; call run() first")
@@ -334,7 +456,10 @@ class FullyAsyncRun:
         cycles: list[CycleReport],
         startup: list[DecisionRecord],
         stopped_early: str,
+        *,
+        with_checkpoint: bool | None = None,
     ) -> RunReport:
+        keep = self.spec.keep_checkpoint if with_checkpoint is None else with_checkpoint
         bc = self.balancer.counters
         partials = self.rollouter.partials
         samples = SampleCounters(
@@ -371,12 +496,14 @@ class FullyAsyncRun:
             policy_fallbacks=self.guard.fallbacks,
             op_failures=list(self.ops.failures),
             quarantined=dict(self.controller.quarantined),
+            replica_events=list(self.controller.replica_events),
+            failed_samples=list(self.rollouter.failed_ids),
             final_state=self.controller.state.value,
             weight_version=self.trainer.version,
             hybrid_gpus=self.trainer.hybrid_gpus,
             standalone_gpus=self.trainer.standalone_gpus,
             stopped_early=stopped_early,
-            checkpoint=self.checkpoint() if self.spec.keep_checkpoint else None,
+            checkpoint=self.checkpoint() if keep else None,
         )
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dynres.core.errors import RunAbortedError
 from dynres.runtime.realrun.config import (
     EnginesSection,
     ModelSection,
@@ -132,6 +133,12 @@ def execute(
         outcome.report = report
     except KeyboardInterrupt:
         outcome.interrupted = True
+        raise
+    except RunAbortedError as exc:
+        # The report holds the cycles done and a checkpoint that loses no sample: keep it.
+        if exc.report is not None:
+            write_report(out, exc.report, plots=False)
+            exc.args = (f"{exc}; report and checkpoint written to {out / REPORT_FILE}",)
         raise
     finally:
         backend["wall_s"] = round(time.perf_counter() - t0, 3)

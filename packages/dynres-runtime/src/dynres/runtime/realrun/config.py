@@ -40,7 +40,7 @@ from dynres.runtime.backends.ray.cluster import RayClusterConfig
 class RunSection(StrictModel):
     """The ``run`` section: how long to train and the run-level knobs."""
 
-    steps: int = Field(..., ge=1, description="Sync cycles (weight syncs) to train (count).")
+    steps: int = Field(..., ge=1, le=1_000_000, description="Sync cycles (weight syncs) to train (count).")
     seed: int = Field(0, description="Seed of prompts, the tiny model, engines and routing.")
     op_timeout_s: float = Field(600.0, gt=0, description="Longest one engine operation may take (seconds).")
     policy_timeout_s: float = Field(10.0, gt=0, description="Longest one policy decision may take (seconds).")
@@ -123,6 +123,31 @@ class RunConfig(DynresConfig):
                 f"exceeds the tiny model's max_position_embeddings={spec.max_position_embeddings}; "
                 "shorten the task or raise model.tiny.max_position_embeddings"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _fake_options(self) -> RunConfig:
+        # Fake engines are built from these options only once the run starts; build one of each
+        # here so a bad option is one line before anything starts.
+        from dynres.runtime.backends.fake import FakeReplica, FakeTrainEngine
+
+        eng = self.engines
+        checks: list[tuple[str, Any, dict[str, Any]]] = []
+        if eng.rollout == "fake":
+            checks.append(("engines.rollout_options", FakeReplica, dict(eng.rollout_options)))
+            checks.append(("engines.hybrid_options", FakeReplica, {**eng.rollout_options, **eng.hybrid_options}))
+        if eng.trainer == "fake":
+            checks.append(("engines.trainer_options", FakeTrainEngine, dict(eng.trainer_options)))
+        for where, cls, opts in checks:
+            try:
+                if cls is FakeReplica:
+                    cls("check", **opts)
+                else:
+                    cls(**opts)
+            except TypeError as exc:
+                raise ValueError(f"{where}: {exc}; see the {cls.__name__} arguments") from None
+            except ConfigError as exc:
+                raise ValueError(f"{where}: {exc}") from None
         return self
 
     def tiny_spec(self) -> Any:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +51,39 @@ REAL_TIME_KEYS = frozenset({"wall_s", "policy_wall_s"})
 """Report keys measured in real time; left out of the JSON so that it is deterministic."""
 
 
+@dataclass(frozen=True)
+class SampleLedger:
+    """Sample ids of a run, observed outside the run's own counters: what the prompt source
+    handed out, what the train engine received, and what the run still held or dropped."""
+
+    admitted: list[str]
+    """Ids the prompt source handed to the rollouter, in order."""
+    trained: list[str]
+    """Ids in the batches the train engine received, in order (repeats would be duplicates)."""
+    left: list[str]
+    """Ids still queued or partial when the run ended."""
+    dropped: list[str]
+    """Ids the queue dropped as too stale."""
+
+    def problems(self) -> list[str]:
+        """What breaks 'each admitted sample trained exactly once, or left, or dropped' ([] = nothing)."""
+        out = []
+        twice = sorted(i for i, n in Counter(self.trained).items() if n > 1)
+        if twice:
+            out.append(f"{len(twice)} sample(s) trained twice, e.g. {twice[:3]}")
+        both = sorted(set(self.trained) & set(self.left))
+        if both:
+            out.append(f"{len(both)} sample(s) trained and still held, e.g. {both[:3]}")
+        accounted = set(self.trained) | set(self.left) | set(self.dropped)
+        lost = [i for i in self.admitted if i not in accounted]
+        if lost:
+            out.append(f"{len(lost)} admitted sample(s) neither trained, held nor dropped, e.g. {lost[:3]}")
+        unknown = sorted(set(self.trained) - set(self.admitted))
+        if unknown:
+            out.append(f"{len(unknown)} trained sample(s) never admitted, e.g. {unknown[:3]}")
+        return out
+
+
 @dataclass
 class SimResult:
     """A simulated run: the runtime's report plus the lower bound and what was simulated."""
@@ -68,6 +102,8 @@ class SimResult:
     """Real seconds the simulation took (profiling; not in the JSON)."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Simulator counters: tokens, replica work, sleep aborts (JSON-serialisable)."""
+    ledger: SampleLedger | None = None
+    """Where each admitted sample went, by id (not in the JSON; end-to-end checks read it)."""
 
     @property
     def end_to_end_s(self) -> float:
@@ -267,11 +303,15 @@ def simulate(
     consumed_work: list[float] = []
     consumed_critical: list[float] = []
     fit_steps: list[tuple[float, list[float], list[float]]] = []
+    admitted: list[str] = []
+    trained: list[str] = []
+    dropped: list[str] = []
 
     def on_batch(batch: Any, compute_s: float) -> None:
         # The lower bound counts the work of exactly the samples the trainer consumed.
         works_of_step, critical_of_step = [], []
         for s in batch:
+            trained.append(s.sample_id)
             works = [request_work(prompt, 0, len(r.token_ids), prefill_cost) for r in s.responses]
             works_of_step.append(sum(works))
             critical_of_step.append(max(works))
@@ -284,7 +324,12 @@ def simulate(
     engine = build_train_engine(sc, on_batch)
 
     from dynres.core import get_plugin_manager
-    from dynres.runtime.loop.run import RunSpec, run_fully_async
+    from dynres.runtime.loop.run import FullyAsyncRun, RunSpec
+
+    def recorded(groups: Any) -> Any:
+        for g in groups:
+            admitted.append(g.sample_id)
+            yield g
 
     spec = RunSpec(
         config=cfg,
@@ -292,7 +337,7 @@ def simulate(
         standalone=standalone,
         hybrid=hybrid,
         train_engine=engine,
-        prompts=prompt_groups(sc, oracle),
+        prompts=recorded(prompt_groups(sc, oracle)),
         num_cycles=sc.steps,
         progress=progress,
         plugin_manager=get_plugin_manager(),
@@ -304,7 +349,16 @@ def simulate(
         op_timeout_s=math.inf,
     )
     t0 = time.perf_counter()
-    report = run_virtual(run_fully_async(spec), thread_grace_s=thread_grace_s)
+    run = FullyAsyncRun(spec)
+    on_drop = run.queue.on_drop
+
+    def drop(sample: Any) -> None:
+        dropped.append(sample.sample_id)
+        if on_drop is not None:
+            on_drop(sample)
+
+    run.queue.on_drop = drop
+    report = run_virtual(run.run(), thread_grace_s=thread_grace_s)
     wall = time.perf_counter() - t0
     if report.stopped_early:
         raise ScenarioError(f"scenario {sc.name!r}: the simulated run stopped early: {report.stopped_early}")
@@ -321,8 +375,17 @@ def simulate(
         "train_tokens": engine.tokens,
         "sleep_aborts": sum(r.sleep_aborts for r in replicas),
     }
+    left = [x.sample_id for x in run.queue.snapshot()] + [p.group.sample_id for p in run.rollouter.partials]
+    ledger = SampleLedger(admitted=admitted, trained=trained, left=left, dropped=dropped)
     return SimResult(
-        scenario=sc, policy=pol.name, report=report, bound=bound, naive_bound=naive, wall_s=wall, extra=extra
+        scenario=sc,
+        policy=pol.name,
+        report=report,
+        bound=bound,
+        naive_bound=naive,
+        wall_s=wall,
+        extra=extra,
+        ledger=ledger,
     )
 
 
