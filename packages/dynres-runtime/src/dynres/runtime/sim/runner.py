@@ -68,6 +68,11 @@ class SimResult:
     """Simulator counters: tokens, replica work, sleep aborts (JSON-serialisable)."""
 
     @property
+    def label(self) -> str:
+        """``scenario[policy]``: how tables, JSON, plots and summary lines name this run."""
+        return run_label(self.scenario.name, self.policy)
+
+    @property
     def end_to_end_s(self) -> float:
         """Simulated end-to-end time (seconds)."""
         return self.report.end_to_end_s
@@ -112,6 +117,7 @@ class SimResult:
         s = self.scenario
         return _scrub(
             {
+                "label": self.label,
                 "scenario": s.name,
                 "description": s.description,
                 "policy": self.policy,
@@ -125,6 +131,20 @@ class SimResult:
                 "report": self.report.to_dict(),
             }
         )
+
+
+def run_label(scenario: str, policy: str) -> str:
+    """The label of a run of policy ``policy`` on scenario ``scenario``: ``scenario[policy]``."""
+    return f"{scenario}[{policy}]"
+
+
+def relative_difference(value: float, reference: float) -> float:
+    """``(value - reference) / reference``: the one formula for "x% longer/shorter than" (fraction).
+
+    Tables ("vs #1"), summary lines and the JSON's ``vs_first`` all use it, with the first run as
+    the reference, so one pair of runs is never described by two different percentages.
+    """
+    return (value - reference) / reference if reference > 0 else math.nan
 
 
 def _scrub(v: Any) -> Any:
