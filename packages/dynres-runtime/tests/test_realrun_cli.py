@@ -104,7 +104,7 @@ def test_overrides_are_dotted_and_typed():
 
 def test_fake_run_writes_metrics_report_and_plots(tmp_path):
     out = tmp_path / "out"
-    result = _invoke(str(_write(tmp_path, FAKE)), "--out", str(out), "--no-progress")
+    result = _invoke(str(_write(tmp_path, FAKE)), "--out", str(out), "-q")
     assert result.exit_code == 0, result.output
     assert "controller overhead" in result.output and "engine sleep" in result.output
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -156,7 +156,7 @@ def test_ctrl_c_aborts_in_flight_work_and_stops_ray(tmp_path):
         str(_write(tmp_path, data)),
         "--out",
         str(out),
-        "--no-plots",
+        "--no-plot",
     ]
     env = dict(os.environ, RAY_AUTH_MODE="disabled")
     # A terminal's Ctrl-C signals the whole foreground process group: do the same.
@@ -210,7 +210,7 @@ def test_policy_from_a_file_runs_and_a_missing_one_is_one_line(tmp_path):
     pol.write_text(NEVER_POLICY)
     out = tmp_path / "out"
     cfg = _write(tmp_path, FAKE)
-    result = _invoke(str(cfg), "--policy", f"{pol}:Never", "--out", str(out), "--no-progress", "--no-plots")
+    result = _invoke(str(cfg), "--policy", f"{pol}:Never", "--out", str(out), "-q", "--no-plot")
     assert result.exit_code == 0, result.output
     report = json.loads((out / "report.json").read_text())
     assert report["policy"] == "never"
@@ -225,3 +225,16 @@ def test_bad_yaml_in_set_is_one_line_naming_the_key(tmp_path):
     line = _one_error_line(_invoke(str(_write(tmp_path, FAKE)), "--set", "run.steps=[1,", "--out", str(out)))
     assert "--set run.steps: value '[1,' is not valid YAML" in line and "quote the whole value" in line
     assert not out.exists()  # checked before any work starts
+
+
+def test_json_dash_prints_the_report_on_stdout(tmp_path):
+    out = tmp_path / "out"
+    result = _invoke(str(_write(tmp_path, FAKE)), "--out", str(out), "-q", "--no-plot", "--json", "-")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert len(report["cycles"]) == 3
+    assert "finished 3 cycles" in result.stderr and not (out / "plots").exists()
+    dest = tmp_path / "r.json"
+    result = _invoke(str(_write(tmp_path, FAKE)), "--out", str(out), "-q", "--json", str(dest))
+    assert result.exit_code == 0 and json.loads(dest.read_text())["policy"] == "default"
+    assert "finished 3 cycles" in result.stdout

@@ -53,9 +53,9 @@ def human_console(json_dest: str | None, *, width: int | None = None) -> Any:
     return Console(stderr=to_stderr, width=width, highlight=False, markup=False)
 
 
-def emit_json(json_dest: str, payload: Any) -> None:
+def emit_json(json_dest: str, payload: Any, *, allow_nan: bool = False) -> None:
     """Print ``payload`` as JSON on stdout (``-``) or write it to the file ``json_dest``."""
-    text = json.dumps(payload, indent=1, allow_nan=False) + "\n"
+    text = json.dumps(payload, indent=1, allow_nan=allow_nan) + "\n"
     if json_dest == STDOUT:
         click.echo(text, nl=False)
         return

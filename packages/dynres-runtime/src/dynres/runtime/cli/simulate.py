@@ -139,13 +139,22 @@ def _plot_dirs(results: list[Any]) -> list[str]:
 def _write_plots(out: str, results: list[Any]) -> list[Path]:
     from dynres.runtime.plots import write_comparison_plots, write_plots
 
+    def one(r: Any, where: str | Path, label: str) -> list[Path]:
+        return write_plots(
+            r.report, where, title=label, queue_cap=r.queue_cap, hybrid_replicas=r.scenario.num_hybrid_replicas
+        )
+
     if len(results) == 1:
-        return write_plots(results[0].report, out, title=results[0].label)
+        return one(results[0], out, results[0].label)
     paths: list[Path] = []
     labels = _labels(results)
     for r, folder, label in zip(results, _plot_dirs(results), labels, strict=True):
-        paths += write_plots(r.report, Path(out) / folder, title=label)
-    paths += write_comparison_plots(dict(zip(labels, (r.report for r in results), strict=True)), out)
+        paths += one(r, Path(out) / folder, label)
+    paths += write_comparison_plots(
+        dict(zip(labels, (r.report for r in results), strict=True)),
+        out,
+        queue_caps={lab: r.queue_cap for lab, r in zip(labels, results, strict=True)},
+    )
     return paths
 
 
@@ -172,7 +181,7 @@ def _run_sets(items: tuple[tuple[str, str], ...], count: int) -> dict[int, dict[
 
 @click.command(
     name="simulate",
-    short_help="Simulate a scenario or preset and compare runs (policy vs policy, scenario vs scenario).",
+    short_help="Simulate a scenario or preset on a virtual clock; compare policies and scenarios.",
 )
 @click.argument("scenario", required=False, shell_complete=complete_presets)
 @click.option(
@@ -273,6 +282,10 @@ def command(
         *((c, None) for c in compare),
     ]
     per_run = _run_sets(run_sets, len(runs))
+    if plot_dir:
+        from dynres.runtime.plots import require_matplotlib
+
+        require_matplotlib()  # before any work: one line naming the [plot] extra
     # Validate every scenario and policy before simulating any, so a typo in the last run fails fast.
     scenarios = [load_scenario(src, overrides={**overrides, **per_run.get(i, {})}) for i, (src, _) in enumerate(runs)]
     if seed is not None:

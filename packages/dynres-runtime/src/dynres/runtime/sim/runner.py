@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from dynres.core import Policy
+from dynres.core.context import buffer_samples
 from dynres.core.errors import ScenarioError
 from dynres.core.loading import policy_from_config
 from dynres.core.metrics import (
@@ -71,6 +72,12 @@ class SimResult:
     def label(self) -> str:
         """``scenario[policy]``: how tables, JSON, plots and summary lines name this run."""
         return run_label(self.scenario.name, self.policy)
+
+    @property
+    def queue_cap(self) -> int:
+        """Most samples the queue holds: a cycle's samples plus the staleness buffer (count)."""
+        step = self.scenario.step_required_samples
+        return step + buffer_samples(step, self.scenario.async_training.staleness_threshold)
 
     @property
     def end_to_end_s(self) -> float:
