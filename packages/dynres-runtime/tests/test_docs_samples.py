@@ -8,6 +8,8 @@ A block is run unless an HTML comment right after its closing fence says otherwi
   containing any TEXT.
 * ``<!-- docs-samples: fails: REASON -->``: the block runs and must exit non-zero (it shows a
   failure on purpose).
+* ``<!-- docs-samples: needs: MODULE -->``: runs only where MODULE imports (an optional
+  distribution that ``scripts/install.sh --dev`` installs); elsewhere pytest reports a skip.
 * ``<!-- docs-samples: prelude: CODE -->``: CODE runs first (hidden from readers), e.g. to name the
   ``MyPolicy`` a snippet assumes (Python preludes see ``DOCS_ROOT``, the repository root). Several
   comments may follow one block.
@@ -47,6 +49,7 @@ class Block:
     code: str
     skip: str = ""
     fails: str = ""
+    needs: list[str] = field(default_factory=list)
     drops: list[str] = field(default_factory=list)
     preludes: list[str] = field(default_factory=list)
 
@@ -74,6 +77,8 @@ def blocks() -> list[Block]:
                 text = d.group(1)
                 if text.startswith("skip:"):
                     block.skip = text.removeprefix("skip:").strip()
+                elif text.startswith("needs:"):
+                    block.needs.append(text.removeprefix("needs:").strip())
                 elif text.startswith("fails:"):
                     block.fails = text.removeprefix("fails:").strip()
                 elif text.startswith("prelude:"):
@@ -103,6 +108,8 @@ def test_every_block_is_run_or_says_why_not() -> None:
 
 @pytest.mark.parametrize("block", [b for b in BLOCKS if not b.skip], ids=lambda b: b.id)
 def test_block_runs(block: Block, tmp_path: Path) -> None:
+    for module in block.needs:
+        pytest.importorskip(module, reason=f"{block.id} needs {module} (scripts/install.sh --dev installs it)")
     code = "\n".join(ln for ln in block.code.splitlines() if not any(t in ln for t in block.drops)) + "\n"
     if block.lang == "python":
         namespace = NAMESPACES.setdefault(block.page, {"__name__": f"docs_{block.page.stem}", "DOCS_ROOT": ROOT})
