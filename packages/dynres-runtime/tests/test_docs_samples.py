@@ -95,6 +95,25 @@ def blocks() -> list[Block]:
     return found
 
 
+def _restore_imports(path: list[str], modules: dict[str, object]) -> None:
+    """Undo what a page's code did to the import system, so later tests import the real modules.
+
+    Modules a snippet or prelude added from outside the installed (or editable) packages (a stand-in placed
+    in sys.modules, a package imported from examples/ or the scratch directory) are dropped and
+    replaced entries restored; modules of installed distributions imported on the way stay.
+    """
+    sys.path[:] = path
+    for name, module in list(sys.modules.items()):
+        if name in modules:
+            if modules[name] is not module:
+                sys.modules[name] = modules[name]  # type: ignore[assignment]  # restoring what was there
+            continue
+        where = str(getattr(module, "__file__", "") or "")
+        installed = "site-packages" in where or where.startswith((sys.base_prefix, str(ROOT / "packages")))
+        if not installed:  # editable dynres installs live under packages/ and count as installed
+            del sys.modules[name]
+
+
 BLOCKS = blocks()
 NAMESPACES: dict[Path, dict[str, object]] = {}
 
@@ -113,7 +132,7 @@ def test_block_runs(block: Block, tmp_path: Path) -> None:
     code = "\n".join(ln for ln in block.code.splitlines() if not any(t in ln for t in block.drops)) + "\n"
     if block.lang == "python":
         namespace = NAMESPACES.setdefault(block.page, {"__name__": f"docs_{block.page.stem}", "DOCS_ROOT": ROOT})
-        cwd = Path.cwd()
+        cwd, path, modules = Path.cwd(), list(sys.path), dict(sys.modules)
         os.chdir(tmp_path)
         try:
             for prelude in block.preludes:
@@ -121,6 +140,7 @@ def test_block_runs(block: Block, tmp_path: Path) -> None:
             exec(compile(code, block.id, "exec"), namespace)
         finally:
             os.chdir(cwd)
+            _restore_imports(path, modules)
         return
     (tmp_path / "examples").symlink_to(ROOT / "examples")
     bindir = Path(sys.executable).parent
