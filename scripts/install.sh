@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Create .venv (if missing) and install the dynres distributions into it, editable.
-#   scripts/install.sh          core, policies, runtime, testkit
+#   scripts/install.sh          core, policies, runtime (with its [plot] extra), testkit
 #   scripts/install.sh --dev    the same plus test tools, the engine extras, verl and dynres-verl
 #                               (the bridge; only with --dev, since verl pulls torch and the CPU
 #                               pin lives in requirements/)
@@ -11,7 +11,7 @@ command -v "$PY" >/dev/null || PY=python3
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 PIP=(.venv/bin/python -m pip install --disable-pip-version-check -q)
 "${PIP[@]}" --upgrade pip >/dev/null
-"${PIP[@]}" -e packages/dynres-core -e packages/dynres-policies -e packages/dynres-runtime -e packages/dynres-testkit
+"${PIP[@]}" -e packages/dynres-core -e packages/dynres-policies -e "packages/dynres-runtime[plot]" -e packages/dynres-testkit
 if [[ "${1:-}" == "--dev" ]]; then
   for req in requirements/*.txt; do
     echo "installing $req"

@@ -60,7 +60,7 @@ import json
 rows = {row["name"]: row for row in json.load(open("policies.json"))}
 assert {"default", "fixed_ratio", "static_fully_async", "example"} <= set(rows), sorted(rows)
 assert rows["example"]["distribution"] == "dynres-policy-example", rows["example"]
-assert rows["example"]["value"] == "dynres_policy_example:ExamplePolicy", rows["example"]
+assert rows["example"]["import_path"] == "dynres_policy_example:ExamplePolicy", rows["example"]
 print("listed:", ", ".join(sorted(rows)))
 PYEOF
 

@@ -14,7 +14,7 @@ OUT=$(mktemp -d /tmp/dynres-tiny-XXXXXX)
 # The Ray session lives in $OUT/ray (short path: Unix sockets) and goes away with it.
 trap 'rm -rf "$OUT"' EXIT
 start=$(date +%s)
-timeout 600 .venv/bin/dynres run examples/tiny-grpo-cpu.yaml --out "$OUT/run" --no-progress \
+timeout 600 .venv/bin/dynres run examples/tiny-grpo-cpu.yaml --out "$OUT/run" -q \
   --set cluster.temp_dir="$OUT/ray" 2>&1 | tee "$OUT/run.log"
 echo "tiny run wall time: $(( $(date +%s) - start )) s"
 .venv/bin/python - "$OUT" <<'PY'

@@ -352,3 +352,15 @@ def test_verl_names_without_the_bridge_name_the_package_to_install(monkeypatch):
     with pytest.raises(PolicyNotFoundError) as info:
         resolve_policy_class("verl:default")
     assert "pip install dynres-verl" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_unimportable_module_path_hint_names_pythonpath_and_the_file_form(tmp_path, monkeypatch):
+    """A package folder in the current directory that is not on sys.path: the hint says how to reach it."""
+    from dynres.core.errors import PolicyImportError
+    from dynres.core.loading import resolve_policy_class
+
+    (tmp_path / "my_pkg_not_on_path").mkdir()
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(PolicyImportError) as info:
+        resolve_policy_class("my_pkg_not_on_path.policies:Mine")
+    assert "PYTHONPATH=." in str(info.value) and "my_pkg_not_on_path/policies.py:Mine" in str(info.value)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -147,3 +148,29 @@ def test_a_verl_config_around_a_run_file(tmp_path: Path) -> None:
     code, out, err = _check(_file(tmp_path, run + extra))
     assert code == 0, err
     assert "is a valid dynres run file" in out and "ignored 2 verl key(s)" in err
+
+
+def test_config_schema_is_the_models_json_schema() -> None:
+    from dynres.core.config import DynresConfig
+    from dynres.runtime.realrun.config import RunConfig
+    from dynres.runtime.sim.scenario import Scenario
+
+    for kind, model in (("config", DynresConfig), ("run", RunConfig), ("scenario", Scenario)):
+        res = CliRunner().invoke(main, ["config", "schema", kind])
+        assert res.exit_code == 0, res.output
+        assert json.loads(res.stdout) == model.model_json_schema()
+
+
+def test_config_reference_page_matches_the_models() -> None:
+    """docs/config-reference.md is what `dynres config schema --markdown` prints (regenerate it if not)."""
+    from dynres.runtime.cli.reference import reference_markdown
+
+    page = Path(__file__).resolve().parents[3] / "docs" / "config-reference.md"
+    if not page.is_file():
+        pytest.skip("docs/ is only in a checkout of the repository")
+    assert page.read_text(encoding="utf-8") == reference_markdown(), (
+        "docs/config-reference.md is stale: run `dynres config schema --markdown > docs/config-reference.md`"
+    )
+    text = reference_markdown()
+    for key in ("async_training.staleness_threshold", "engines.rollout", "workload.decode.peak_tokens_per_s"):
+        assert f"`{key}`" in text, key

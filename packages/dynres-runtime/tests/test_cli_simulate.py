@@ -56,7 +56,7 @@ def test_simulate_preset_with_compare_json_and_plots(tmp_path: Path) -> None:
         "3",
     )
     assert code == 0, err
-    assert "end-to-end" in out and "lower bound" in out and "seed-static-16-16" in out
+    assert "end-to-end" in out and "bound (h)" in out and "seed-static-16-16[static_fully_async]" in out
     data = json.loads(js.read_text())
     assert [r["scenario"] for r in data["runs"]] == ["seed-dynamic-16-16", "seed-static-16-16"]
     for run in data["runs"]:
@@ -67,7 +67,110 @@ def test_simulate_preset_with_compare_json_and_plots(tmp_path: Path) -> None:
     assert data["runs"][1]["policy"] == "static_fully_async"
     pngs = sorted(p.relative_to(plots).as_posix() for p in plots.rglob("*.png"))
     assert "compare_mq_size.png" in pngs
-    assert "seed-dynamic-16-16/utilization.png" in pngs and "seed-dynamic-16-16/hybrid_timeline.png" in pngs
+    assert "seed-dynamic-16-16.default/utilization.png" in pngs
+    assert "seed-dynamic-16-16.default/hybrid_timeline.png" in pngs
+    assert "seed-static-16-16.static_fully_async/step_time.png" in pngs
+
+
+def test_policy_vs_policy_on_one_scenario(tmp_path: Path) -> None:
+    """--compare-policy: runs labelled scenario[policy] in the table, the lines, the JSON and the plots."""
+    js = tmp_path / "pp.json"
+    plots = tmp_path / "pp"
+    code, out, err = _run(
+        "simulate",
+        "--preset",
+        "seed-dynamic-16-16",
+        "--policy",
+        "static_fully_async",
+        "--compare-policy",
+        "default",
+        "--compare-policy",
+        "fixed_ratio",
+        *SHORT,
+        "--json",
+        str(js),
+        "--plot",
+        str(plots),
+    )
+    assert code == 0, err
+    labels = [
+        "seed-dynamic-16-16[static_fully_async]",
+        "seed-dynamic-16-16[default]",
+        "seed-dynamic-16-16[fixed_ratio]",
+    ]
+    for label in labels:
+        assert label in out
+    data = json.loads(js.read_text())
+    assert [r["label"] for r in data["runs"]] == labels
+    assert [r["policy"] for r in data["runs"]] == ["static_fully_async", "default", "fixed_ratio"]
+    assert sorted(data["vs_first"]) == sorted(labels[1:])  # distinct keys: no collision
+    first = data["runs"][0]["end_to_end_s"]
+    for run in data["runs"][1:]:
+        # One formula everywhere: (run - first) / first, in the JSON, the table and the lines.
+        frac = (run["end_to_end_s"] - first) / first
+        assert run["vs_first"] == pytest.approx(frac)
+        assert f"{frac * 100:+.1f}%" in out
+        word = "longer" if frac > 0 else "shorter"
+        assert f"{run['label']}: {abs(frac) * 100:.1f}% {word} than #1" in out
+    assert {p.name for p in plots.iterdir() if p.is_dir()} == {
+        "seed-dynamic-16-16.static_fully_async",
+        "seed-dynamic-16-16.default",
+        "seed-dynamic-16-16.fixed_ratio",
+    }
+
+
+def test_set_run_applies_to_one_run_only(tmp_path: Path) -> None:
+    """A param only the main run's policy has goes to that run with --set-run; --set would fail the others."""
+    param = "async_training.dynamic_schedule_policy_params.no_such_in_static=1"
+    js = tmp_path / "s.json"
+    code, out, err = _run(
+        "simulate",
+        "--preset",
+        "seed-dynamic-16-16",
+        "--compare-policy",
+        "fixed_ratio",
+        "--set-run",
+        "2",
+        "steps=3",
+        *SHORT,
+        "--json",
+        str(js),
+    )
+    assert code == 0, err
+    runs = json.loads(js.read_text())["runs"]
+    assert [len(r["steps"]) for r in runs] == [2, 3]
+    code, out, err = _run("simulate", "--preset", "seed-dynamic-16-16", "--set-run", "2", param)
+    _assert_one_line_error(code, out, err, "--set-run 2", "no run #2", "1..1")
+
+
+def test_json_dash_prints_json_on_stdout_and_the_table_on_stderr() -> None:
+    code, out, err = _run("simulate", "--preset", "seed-dynamic-16-16", *SHORT, "-q", "--json", "-")
+    assert code == 0, err
+    assert json.loads(out)["label"] == "seed-dynamic-16-16[default]"
+    assert "simulated end-to-end time" in err
+    assert not Path("-").exists()
+    code, out, _ = _run("simulate", "--preset", "seed-dynamic-16-16", *SHORT, "-q", "--json")
+    assert code == 0 and json.loads(out)["scenario"] == "seed-dynamic-16-16"
+
+
+def test_table_fits_80_columns() -> None:
+    """At 80 columns every number and every label is printed whole (no cut or folded values)."""
+    from rich.console import Console
+
+    from dynres.runtime.cli.simulate import _summary_tables
+    from dynres.runtime.sim import simulate
+
+    results = [
+        simulate("seed-dynamic-16-16", policy=p, overrides={"steps": 2}) for p in ("default", "static_fully_async")
+    ]
+    console = Console(width=80, record=True, markup=False)
+    for table in _summary_tables(results):
+        console.print(table)
+    text = console.export_text()
+    assert max(len(line.rstrip()) for line in text.splitlines()) <= 80
+    for r in results:
+        assert r.label in text
+        assert f"{r.end_to_end_s / 3600:.3f}" in text and f"{r.lower_bound_s / 3600:.3f}" in text
 
 
 def test_simulate_scenario_file_single_json_object(tmp_path: Path) -> None:

@@ -104,7 +104,7 @@ def test_overrides_are_dotted_and_typed():
 
 def test_fake_run_writes_metrics_report_and_plots(tmp_path):
     out = tmp_path / "out"
-    result = _invoke(str(_write(tmp_path, FAKE)), "--out", str(out), "--no-progress")
+    result = _invoke(str(_write(tmp_path, FAKE)), "--out", str(out), "-q")
     assert result.exit_code == 0, result.output
     assert "controller overhead" in result.output and "engine sleep" in result.output
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -156,7 +156,7 @@ def test_ctrl_c_aborts_in_flight_work_and_stops_ray(tmp_path):
         str(_write(tmp_path, data)),
         "--out",
         str(out),
-        "--no-plots",
+        "--no-plot",
     ]
     env = dict(os.environ, RAY_AUTH_MODE="disabled")
     # A terminal's Ctrl-C signals the whole foreground process group: do the same.
@@ -210,7 +210,7 @@ def test_policy_from_a_file_runs_and_a_missing_one_is_one_line(tmp_path):
     pol.write_text(NEVER_POLICY)
     out = tmp_path / "out"
     cfg = _write(tmp_path, FAKE)
-    result = _invoke(str(cfg), "--policy", f"{pol}:Never", "--out", str(out), "--no-progress", "--no-plots")
+    result = _invoke(str(cfg), "--policy", f"{pol}:Never", "--out", str(out), "-q", "--no-plot")
     assert result.exit_code == 0, result.output
     report = json.loads((out / "report.json").read_text())
     assert report["policy"] == "never"
@@ -238,3 +238,16 @@ def test_a_failing_train_step_is_one_line_and_the_report_keeps_a_checkpoint(tmp_
     assert len(lines) == 1 and "train_step on trainer failed" in lines[0] and "report.json" in lines[0]
     report = json.loads((tmp_path / "o" / "report.json").read_text())
     assert report["checkpoint"]["queue"], "the failed batch must be in the checkpoint"
+
+
+def test_json_dash_prints_the_report_on_stdout(tmp_path):
+    out = tmp_path / "out"
+    result = _invoke(str(_write(tmp_path, FAKE)), "--out", str(out), "-q", "--no-plot", "--json", "-")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert len(report["cycles"]) == 3
+    assert "finished 3 cycles" in result.stderr and not (out / "plots").exists()
+    dest = tmp_path / "r.json"
+    result = _invoke(str(_write(tmp_path, FAKE)), "--out", str(out), "-q", "--json", str(dest))
+    assert result.exit_code == 0 and json.loads(dest.read_text())["policy"] == "default"
+    assert "finished 3 cycles" in result.stdout

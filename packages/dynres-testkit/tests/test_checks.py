@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import re
 import warnings
 
 import pytest
@@ -56,7 +57,9 @@ def test_every_check_has_a_broken_policy():
     assert sorted(broken.BROKEN_POLICIES) == sorted(names)
 
 
-# Which checks each broken policy fails. Most break exactly one property. Two cannot: a random
+# Which checks each broken policy fails. Most break exactly one property. ClockRateLimitPolicy is
+# the issue's example and breaks two on purpose (a clock read stored from inside a decision).
+# Two cannot help it: a random
 # policy cannot survive a save/restore or pickle comparison either (those compare decisions), and
 # every sample the saboteur destroys must be generated again, which costs the run its margin over
 # the static baseline (the runtime admits only what the run consumes, so there is no spare).
@@ -69,6 +72,11 @@ ONLY_FAILS = {
     broken.UnboundedWaitPolicy: {"check_wait_bounds"},
     broken.CoinFlipPolicy: {"check_deterministic", "check_state_dict_json_round_trip", "check_picklable"},
     broken.MutatesContextPolicy: {"check_context_not_mutated"},
+    broken.WallClockEmbargoPolicy: {"check_no_clock_reads"},
+    broken.MonotonicGracePolicy: {"check_no_clock_reads"},
+    broken.ClockRateLimitPolicy: {"check_no_clock_reads", "check_decisions_do_not_change_state"},
+    broken.GlobalRandomRebalancePolicy: {"check_no_global_random"},
+    broken.StepStampingPolicy: {"check_decisions_do_not_change_state"},
     broken.ForgetfulPolicy: {"check_state_dict_json_round_trip"},
     broken.DequeStatePolicy: {"check_state_dict_json_round_trip"},
     broken.QueueFloorPolicy: {"check_only_hybrid_never_deadlocks"},
@@ -165,9 +173,9 @@ def test_check_policy_raises_one_error_listing_failures():
     with pytest.raises(PolicyCheckFailure) as info:
         check_policy(broken.QueueFloorPolicy, end_to_end=False, max_examples=25)
     text = str(info.value)
-    assert text.startswith("check_policy[queue_floor_unguarded]: 1 of 11 checks failed:")
+    assert text.startswith("check_policy[queue_floor_unguarded]: 1 of 14 checks failed:")
     assert "- check_only_hybrid_never_deadlocks[queue_floor_unguarded]: " in text
-    with pytest.raises(PolicyCheckFailure, match="1 of 14 checks failed"):
+    with pytest.raises(PolicyCheckFailure, match="1 of 17 checks failed"):
         check_policy(broken.HoardingPolicy, max_examples=5)
 
 
@@ -271,3 +279,69 @@ def test_a_numpy_float_wait_still_fails_the_type_check():
 
     with pytest.raises(PolicyCheckFailure, match="deactivate_wait_samples returned .* expected int"):
         checks.check_decision_types(FloatWait, max_examples=5)
+
+
+# ---- Clock, randomness and state-change detection ---------------------------------------------------
+
+
+def _policy_with(body: str, method: str = "should_activate_after_step") -> type:
+    """A sound policy whose ``method`` runs ``body`` (source) before answering like the sound one."""
+    namespace: dict = {}
+    src = f"import datetime, random, time, uuid\nfrom time import monotonic as mono\ndef hook(self, ctx):\n    {body}\n"
+    exec(compile(src, "<policy>", "exec"), namespace)
+    hook = namespace["hook"]
+    base = getattr(broken._Sound, method)
+
+    def decide(self, ctx):
+        hook(self, ctx)
+        return base(self, ctx)
+
+    return type("Probe", (broken._Sound,), {"name": "probe", method: decide, "__doc__": "probe"})
+
+
+@pytest.mark.parametrize(
+    ("body", "check_name", "shown"),
+    [
+        ("mono()", "check_no_clock_reads", "time.monotonic()"),
+        ("time.perf_counter_ns()", "check_no_clock_reads", "time.perf_counter_ns()"),
+        ("datetime.datetime.now()", "check_no_clock_reads", "datetime.datetime.now()"),
+        ("datetime.date.today()", "check_no_clock_reads", "datetime.date.today()"),
+        ("random.randint(0, 3)", "check_no_global_random", "(the process-global generator)"),
+        ("uuid.uuid4()", "check_no_global_random", "os.urandom()"),
+    ],
+)
+def test_clock_and_random_reads_are_found_however_imported(body, check_name, shown):
+    with pytest.raises(PolicyCheckFailure, match=re.escape(shown)):
+        getattr(checks, check_name)(_policy_with(body), max_examples=3)
+
+
+def test_numpy_global_random_is_found():
+    pytest.importorskip("numpy")
+    with pytest.raises(PolicyCheckFailure, match=re.escape("called numpy.random (np.random.random()")):
+        checks.check_no_global_random(_policy_with("__import__('numpy').random.random()"), max_examples=3)
+    # A generator of its own, seeded, is allowed.
+    checks.check_no_global_random(_policy_with("__import__('numpy').random.default_rng(3).random()"), max_examples=3)
+
+
+def test_a_seeded_generator_on_self_and_sleep_are_allowed():
+    cls = _policy_with("random.Random(7).random(); time.sleep(0)")
+    checks.check_no_global_random(cls, max_examples=3)
+    checks.check_no_clock_reads(cls, max_examples=3)
+
+
+def test_state_change_is_found_in_every_decision_method_but_not_in_update():
+    for method in checks.DECISION_METHODS:
+        with pytest.raises(PolicyCheckFailure, match=re.escape(f"{method} changed the policy's state (self.seen:")):
+            checks.check_decisions_do_not_change_state(
+                _policy_with("self.seen = ctx.global_steps", method), max_examples=5
+            )
+    checks.check_decisions_do_not_change_state(
+        _policy_with("self.seen = ctx.global_steps", "update_after_step"), max_examples=5
+    )
+
+
+def test_failure_contexts_are_shrunk():
+    """The reported context is minimal: hypothesis shrank the numbers that do not matter."""
+    with pytest.raises(PolicyCheckFailure) as info:
+        checks.check_no_clock_reads(broken.WallClockEmbargoPolicy)
+    assert "required_samples=1," in str(info.value) and "now=" not in str(info.value)

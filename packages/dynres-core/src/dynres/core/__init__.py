@@ -11,7 +11,7 @@ from dynres.core.loading import (
     load_policy,
     resolve_policy_class,
 )
-from dynres.core.plugins import PLUGINS_GROUP, BoundPolicy, get_plugin_manager
+from dynres.core.plugins import PLUGINS_GROUP, BoundPolicy, get_plugin_manager, register_plugin
 from dynres.core.policy import POLICY_METHODS, Policy
 
 __all__ = [
@@ -31,6 +31,7 @@ __all__ = [
     "installed_policies",
     "load_config",
     "load_policy",
+    "register_plugin",
     "resolve_policy_class",
 ]
 

@@ -197,7 +197,7 @@ def resolve_policy_class(spec: str | type[Policy]) -> type[Policy]:
     if head.endswith(".py"):
         obj = import_from_file(spec, what="policy")
         return validate_policy_class(obj, where=f"file path {spec!r}")
-    obj = import_object(spec, what="policy", error=PolicyImportError)
+    obj = import_object(spec, what="policy", error=PolicyImportError, hint=_policy_import_hint(spec))
     return validate_policy_class(obj, where=f"import path {spec!r}")
 
 
@@ -223,6 +223,17 @@ def resolve_by_plugin(spec: str) -> type[Policy] | None:
             "install it with `pip install dynres-verl`"
         )
     return None
+
+
+def _policy_import_hint(spec: str) -> str:
+    """The fix to suggest when ``module:Class`` does not import: sys.path or the file form."""
+    module_name, _, cls = spec.partition(":")
+    as_file = module_name.replace(".", "/") + ".py"
+    return (
+        "install the distribution that provides it, or make the module importable: run with "
+        f"PYTHONPATH=. when {module_name.split('.')[0]!r} is a folder of the current directory, or name "
+        f"the file instead: {as_file}:{cls}"
+    )
 
 
 def load_policy(spec: str | type[Policy], params: Policy.Params | Mapping[str, Any] | None = None) -> Policy:

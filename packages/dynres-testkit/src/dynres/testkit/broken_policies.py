@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import random
 import signal
 import threading
 import time
@@ -146,6 +147,137 @@ class MutatesContextPolicy(_Sound):
         """Compute the gap once per context and cache it on the context (the bug)."""
         gap = ctx.__dict__.setdefault("_gap", -ctx.surplus_samples)
         return ctx.only_hybrid or gap > 0
+
+
+class WallClockEmbargoPolicy(_Sound):
+    """Breaks check_no_clock_reads: refuses to activate before a wall-clock time (``time.time()``).
+
+    With the default ``not_before_epoch_s`` of 0 every answer equals the sound policy's, so only
+    the clock read itself can give it away (the deterministic and round-trip checks pass).
+    """
+
+    name = "wall_clock_embargo"
+
+    class Params(Policy.Params):
+        """When activation is allowed."""
+
+        not_before_epoch_s: float = Field(0.0, ge=0.0, description="Unix time before which it never activates (s)")
+
+    params: Params
+
+    def should_activate_after_step(self, ctx: ScheduleContext) -> bool:
+        """Activate when behind, once the embargo is over (the bug: the wall clock, not ctx.now)."""
+        return ctx.only_hybrid or (ctx.surplus_samples < 0 and time.time() >= self.params.not_before_epoch_s)
+
+
+class MonotonicGracePolicy(_Sound):
+    """Breaks check_no_clock_reads: ``should_deactivate`` asks ``time.monotonic()`` for a grace period."""
+
+    name = "monotonic_grace"
+
+    def should_deactivate(self, ctx: ScheduleContext) -> bool:
+        """Deactivate when active, after a grace period measured on the process's clock (the bug)."""
+        return ctx.is_hybrid_active and time.monotonic() >= 0.0
+
+
+class ClockRateLimitPolicy(_Sound):
+    """Breaks check_no_clock_reads and check_decisions_do_not_change_state: the issue's rate limit.
+
+    It stamps ``self.last_activation = time.time()`` inside ``should_activate_after_step`` and saves
+    the stamp in ``state_dict``, so the save/restore, pickle and determinism checks all pass.
+    """
+
+    name = "clock_rate_limit"
+
+    class Params(Policy.Params):
+        """How often it may activate."""
+
+        min_interval_s: float = Field(0.0, ge=0.0, description="least time between activations (s)")
+
+    params: Params
+
+    def __init__(self, params: Mapping[str, Any] | None = None) -> None:
+        """No activation yet."""
+        super().__init__(params)
+        self.last_activation = 0.0
+
+    def should_activate_after_step(self, ctx: ScheduleContext) -> bool:
+        """Activate when behind and the last activation is old enough; remember when (both bugs)."""
+        now = time.time()
+        if ctx.only_hybrid or (ctx.surplus_samples < 0 and now - self.last_activation >= self.params.min_interval_s):
+            self.last_activation = now
+            return True
+        return False
+
+    def state_dict(self) -> dict[str, Any]:
+        """The stamp of the last activation."""
+        return {"last_activation": self.last_activation}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore the stamp."""
+        self.last_activation = float(state["last_activation"])
+
+
+class GlobalRandomRebalancePolicy(_Sound):
+    """Breaks check_no_global_random: rebalances with a probability drawn from ``random.random()``.
+
+    With the default probability of 1 it always answers True, so only the draw from the
+    process-global generator (shared with every other library in the process) gives it away.
+    """
+
+    name = "global_random_rebalance"
+
+    class Params(Policy.Params):
+        """Rebalance probability."""
+
+        rebalance_probability: float = Field(1.0, ge=0.0, le=1.0, description="chance of a rebalance (fraction)")
+
+    params: Params
+
+    def should_rebalance(self, ctx: ScheduleContext) -> bool:
+        """Rebalance with the configured probability (the bug: the global generator)."""
+        return random.random() < self.params.rebalance_probability
+
+
+class StepStampingPolicy(_Sound):
+    """Breaks check_decisions_do_not_change_state: records the activation step inside the decision.
+
+    A rate limit by steps: activate at most every ``min_gap_steps`` cycles. The stamp is saved in
+    ``state_dict`` and is the same on every copy, so the other checks pass; but the runtime may
+    replace or skip a decision (timeout, fallback), and the stamp then records an activation that
+    did not happen. It belongs in ``update_after_step``.
+    """
+
+    name = "step_stamping"
+
+    class Params(Policy.Params):
+        """Activation spacing."""
+
+        min_gap_steps: int = Field(1, ge=1, description="least sync cycles between activations (count)")
+
+    params: Params
+
+    def __init__(self, params: Mapping[str, Any] | None = None) -> None:
+        """No activation yet."""
+        super().__init__(params)
+        self.last_activation_step = -(10**9)
+
+    def should_activate_after_step(self, ctx: ScheduleContext) -> bool:
+        """Activate when behind and the gap allows; stamp the step (the bug)."""
+        if ctx.only_hybrid:
+            return True
+        if ctx.surplus_samples < 0 and ctx.global_steps - self.last_activation_step >= self.params.min_gap_steps:
+            self.last_activation_step = ctx.global_steps
+            return True
+        return False
+
+    def state_dict(self) -> dict[str, Any]:
+        """The step of the last activation."""
+        return {"last_activation_step": self.last_activation_step}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore the step."""
+        self.last_activation_step = int(state["last_activation_step"])
 
 
 class ForgetfulPolicy(_Sound):
@@ -352,6 +484,18 @@ BROKEN_POLICIES: dict[str, list[tuple[Any, str]]] = {
     ],
     "check_deterministic": [(CoinFlipPolicy, "for the same context and equal state")],
     "check_context_not_mutated": [(MutatesContextPolicy, "should_activate_after_step changed the context (_gap")],
+    "check_decisions_do_not_change_state": [
+        (StepStampingPolicy, "should_activate_after_step changed the policy's state (self.last_activation_step:"),
+        (ClockRateLimitPolicy, "should_activate_after_step changed the policy's state (self.last_activation:"),
+    ],
+    "check_no_clock_reads": [
+        (WallClockEmbargoPolicy, "should_activate_after_step called time.time(); a policy must not read a clock"),
+        (MonotonicGracePolicy, "should_deactivate called time.monotonic()"),
+        (ClockRateLimitPolicy, "should_activate_after_step called time.time()"),
+    ],
+    "check_no_global_random": [
+        (GlobalRandomRebalancePolicy, "should_rebalance called random.random() (the process-global generator)"),
+    ],
     "check_state_dict_json_round_trip": [
         (ForgetfulPolicy, "on a fresh instance restored from its state_dict"),
         (DequeStatePolicy, "is not JSON-serialisable"),

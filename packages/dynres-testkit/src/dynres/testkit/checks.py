@@ -64,10 +64,13 @@ __all__ = [
     "check_context_not_mutated",
     "check_decision_latency",
     "check_decision_types",
+    "check_decisions_do_not_change_state",
     "check_deterministic",
     "check_e2e_not_slower_than_baseline",
     "check_e2e_samples_accounted",
     "check_e2e_training_finishes",
+    "check_no_clock_reads",
+    "check_no_global_random",
     "check_only_hybrid_never_deadlocks",
     "check_params_reject_unknown_keys",
     "check_picklable",
@@ -263,12 +266,13 @@ def _first_difference(a: Sequence[Any], b: Sequence[Any]) -> tuple[str, Any, Any
     return None
 
 
-def _for_all(strategy: Any, body: Callable[[Any], None], *, max_examples: int, shrink: bool = False) -> None:
+def _for_all(strategy: Any, body: Callable[[Any], None], *, max_examples: int, shrink: bool = True) -> None:
     """Run ``body`` on examples of ``strategy`` with reproducible, side-effect-free settings.
 
     The example database is off and generation is derandomized, so the same policy gets the
-    same verdict on every run and machine. Shrinking is off by default: shrinking a run of
-    contexts costs seconds per failure, and the message already shows the failing context.
+    same verdict on every run and machine. A failure is shrunk (fewer cycles, smaller numbers)
+    before it is reported, so the context in the message is a minimal one to paste into a
+    test; shrinking costs a second or two, and only when a check fails.
     """
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis.errors import Flaky
@@ -503,6 +507,228 @@ def check_context_not_mutated(policy: PolicySpec, *, max_examples: int = EXAMPLE
                         f"{method} changed the context ({shown}); a policy must treat the "
                         "context as read-only and keep its own state on self. Context before: "
                         f"{_show(ScheduleContext.model_construct(**before))}",
+                    )
+
+    _for_all(_sequences(), body, max_examples=max_examples)
+
+
+# ---- Reads of clocks and global random generators --------------------------------------------
+
+_CLOCK_NAMES = frozenset(
+    {
+        "time",
+        "time_ns",
+        "monotonic",
+        "monotonic_ns",
+        "perf_counter",
+        "perf_counter_ns",
+        "process_time",
+        "process_time_ns",
+        "thread_time",
+        "thread_time_ns",
+        "clock_gettime",
+        "clock_gettime_ns",
+    }
+)
+"""Functions of the ``time`` module that read a clock."""
+
+_DATETIME_NOW = frozenset({"now", "utcnow", "today"})
+"""``datetime.datetime`` / ``datetime.date`` class methods that read the clock."""
+
+
+_TOOL_MODULES = ("hypothesis", "_pytest", "pytest", "coverage", "pluggy")
+"""Modules whose reads inside a watched call come from the test tools, not the policy."""
+
+_NUMPY_HINT = "np.random.random(), .rand(), .choice() ...: the process-global generator"
+
+
+def _numpy_global() -> Any:
+    """numpy's process-global RandomState (behind ``np.random.random()`` etc.), or None without numpy."""
+    try:
+        from numpy.random import mtrand
+    except ImportError:
+        return None
+    return mtrand._rand
+
+
+def _numpy_draws(generator: Any) -> Any:
+    # The Mersenne Twister's position and key change with every draw. numpy's Cython methods are
+    # invisible to a profile hook, so a draw is found by its effect on the generator instead.
+    if generator is None:
+        return None
+    state = generator.get_state(legacy=False)
+    return state["state"]["pos"], state["state"]["key"].tobytes(), state["has_gauss"]
+
+
+def _forbidden_read(fn: Any) -> tuple[str, str] | None:
+    """``("clock"|"random", "time.time()")`` when the C function ``fn`` reads a clock or global randomness."""
+    import datetime
+    import random
+
+    owner = getattr(fn, "__self__", None)
+    name = getattr(fn, "__name__", "")
+    if owner is time and name in _CLOCK_NAMES:
+        return "clock", f"time.{name}()"
+    if owner in (datetime.datetime, datetime.date) and name in _DATETIME_NOW:
+        return "clock", f"datetime.{owner.__name__}.{name}()"
+    if name == "urandom" and getattr(owner, "__name__", "") in ("os", "posix", "nt"):
+        return "random", "os.urandom() (also behind secrets, uuid4 and random.SystemRandom)"
+    if owner is not None and owner is random._inst:  # behind random.random() etc.
+        return "random", f"random.{name}() (the process-global generator)"
+    return None
+
+
+def _call_watched(policy: Policy, method: str, ctx: ScheduleContext) -> tuple[Any, list[tuple[str, str]]]:
+    """Call ``policy.method(ctx)`` while recording every clock or global-random read it makes.
+
+    A profile hook sees each C call, so it finds ``time.time()`` however the policy imported it
+    (``from time import time``, an alias, a helper in another module), unlike patching names.
+    """
+    import sys
+
+    reads: list[tuple[str, str]] = []
+
+    def hook(frame: Any, event: str, arg: Any) -> None:
+        # Test-tool callbacks can run inside the call (hypothesis times garbage collections from
+        # gc.callbacks, even while the collector is paused here); their reads are not the policy's.
+        if event == "c_call" and not frame.f_globals.get("__name__", "").startswith(_TOOL_MODULES):
+            found = _forbidden_read(arg)
+            if found is not None and found not in reads:
+                reads.append(found)
+
+    numpy_rng = _numpy_global()
+    numpy_before = _numpy_draws(numpy_rng)
+    previous = sys.getprofile()
+    sys.setprofile(hook)
+    try:
+        answer = getattr(policy, method)(ctx)
+    finally:
+        sys.setprofile(previous)
+    if numpy_rng is not None and _numpy_draws(numpy_rng) != numpy_before:
+        reads.append(
+            ("random", "numpy.random (np.random.random(), .rand(), .choice() ...: the process-global generator)")
+        )
+    return answer, reads
+
+
+def _check_reads(policy: PolicySpec, name: str, kind: str, why: str, max_examples: int) -> None:
+    subject = _subject(policy)
+
+    def body(contexts: list[ScheduleContext]) -> None:
+        pol = subject.fresh(name)
+        for ctx in contexts:
+            for method in POLICY_METHODS:
+                try:
+                    _, reads = _call_watched(pol, method, ctx)
+                except Exception as exc:
+                    raise subject.fail(
+                        name,
+                        f"{method} raised {_exc(exc)}; a policy must answer every valid context. Context: {_show(ctx)}",
+                    ) from exc
+                hits = [what for k, what in reads if k == kind]
+                if hits:
+                    raise subject.fail(name, f"{method} called {', '.join(hits)}; {why}. Context: {_show(ctx)}")
+
+    _for_all(_sequences(), body, max_examples=max_examples)
+
+
+def check_no_clock_reads(policy: PolicySpec, *, max_examples: int = EXAMPLES) -> None:
+    """No method reads a clock (``time.time``/``monotonic``/``perf_counter``..., ``datetime.now``/``today``)."""
+    _check_reads(
+        policy,
+        "check_no_clock_reads",
+        "clock",
+        "a policy must not read a clock: the simulator runs on virtual time and a resumed run "
+        "replays decisions, so a clock makes answers differ between runs; use ctx.now (seconds "
+        "on the run's clock) and the context's measured durations instead",
+        max_examples,
+    )
+
+
+def check_no_global_random(policy: PolicySpec, *, max_examples: int = EXAMPLES) -> None:
+    """No method draws from a process-global random generator (``random``, ``numpy.random``, ``os.urandom``)."""
+    _check_reads(
+        policy,
+        "check_no_global_random",
+        "random",
+        "a policy must not use process-global randomness: its answers then depend on whatever "
+        "else drew numbers before and cannot be reproduced or restored; keep a seeded "
+        "random.Random(params.seed) on self and save what it needs in state_dict",
+        max_examples,
+    )
+
+
+# ---- State changed inside a decision -----------------------------------------------------------
+
+DECISION_METHODS: tuple[str, ...] = tuple(m for m in POLICY_METHODS if m != "update_after_step")
+"""The methods that only answer; ``update_after_step`` is the one place a policy changes its state."""
+
+_MISSING = object()
+
+
+def _state_diff(before: Any, after: Any, path: str, depth: int = 0) -> str | None:
+    """The first place where two snapshots of a policy's attributes differ, as ``path: a -> b``."""
+    if depth > 8:
+        return None
+    if isinstance(before, Mapping) and isinstance(after, Mapping):
+        for key in list(before) + [k for k in after if k not in before]:
+            b, a = before.get(key, _MISSING), after.get(key, _MISSING)
+            if b is _MISSING or a is _MISSING:
+                shown = lambda v: "<absent>" if v is _MISSING else repr(v)  # noqa: E731  # local formatting
+                return f"{path}.{key}: {shown(b)} -> {shown(a)}"
+            found = _state_diff(b, a, f"{path}.{key}", depth + 1)
+            if found:
+                return found
+        return None
+    if isinstance(before, list | tuple) and isinstance(after, list | tuple) and type(before) is type(after):
+        if len(before) != len(after):
+            return f"{path}: {before!r} -> {after!r}"
+        for i, (b, a) in enumerate(zip(before, after, strict=True)):
+            found = _state_diff(b, a, f"{path}[{i}]", depth + 1)
+            if found:
+                return found
+        return None
+    if type(before) is not type(after):
+        return f"{path}: {before!r} -> {after!r}"
+    if hasattr(before, "__dict__") and not isinstance(before, type):
+        return _state_diff(vars(before), vars(after), path, depth + 1)
+    try:
+        same = bool(before == after) or (before != before and after != after)  # NaN stays NaN
+    except Exception:  # arrays and other odd types: compare their repr
+        same = repr(before) == repr(after)
+    return None if same else f"{path}: {before!r} -> {after!r}"
+
+
+def _snapshot(policy: Policy) -> Any:
+    try:
+        return copy.deepcopy(vars(policy))
+    except Exception:  # not copyable: compare what repr shows (check_picklable reports the cause)
+        return {k: repr(v) for k, v in vars(policy).items()}
+
+
+def check_decisions_do_not_change_state(policy: PolicySpec, *, max_examples: int = EXAMPLES) -> None:
+    """``should_deactivate``, ``deactivate_wait_samples``, ``should_activate_after_step`` and
+    ``should_rebalance`` leave the policy's attributes as they were; only ``update_after_step`` changes them.
+    """
+    name = "check_decisions_do_not_change_state"
+    subject = _subject(policy)
+
+    def body(contexts: list[ScheduleContext]) -> None:
+        pol = subject.fresh(name)
+        for ctx in contexts:
+            for method in POLICY_METHODS:
+                before = _snapshot(pol) if method in DECISION_METHODS else None
+                _call(subject, name, pol, method, ctx)
+                if before is None:
+                    continue
+                diff = _state_diff(before, _snapshot(pol), "self")
+                if diff:
+                    raise subject.fail(
+                        name,
+                        f"{method} changed the policy's state ({diff}); a decision method must only "
+                        "answer: the runtime may call it again, skip it after a timeout or replace its "
+                        "answer, so state changed there drifts from what happened. Record what you need "
+                        f"in update_after_step, which runs exactly once per cycle. Context: {_show(ctx)}",
                     )
 
     _for_all(_sequences(), body, max_examples=max_examples)
@@ -893,6 +1119,9 @@ _UNIT_CHECKS: tuple[Callable[..., None], ...] = (
     check_wait_bounds,
     check_deterministic,
     check_context_not_mutated,
+    check_decisions_do_not_change_state,
+    check_no_clock_reads,
+    check_no_global_random,
     check_state_dict_json_round_trip,
     check_only_hybrid_never_deadlocks,
     check_picklable,

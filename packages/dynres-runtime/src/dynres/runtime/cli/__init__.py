@@ -57,9 +57,14 @@ class DynresGroup(click.Group):
 
 
 @click.group(cls=DynresGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="dynres-runtime", prog_name="dynres")
+@click.version_option(None, "-V", "--version", package_name="dynres-runtime", prog_name="dynres")
 def main() -> None:
-    """dynres: dynamic resource scheduling for fully-async RL training of LLMs."""
+    """dynres: dynamic resource scheduling for fully-async RL training of LLMs.
+
+    Shell completion (commands, options, preset and policy names): add
+    eval "$(_DYNRES_COMPLETE=bash_source dynres)" to ~/.bashrc (zsh_source for ~/.zshrc,
+    fish_source for fish); see docs/installing.md.
+    """
 
 
 for _name in COMMAND_MODULES:

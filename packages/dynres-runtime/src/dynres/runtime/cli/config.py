@@ -13,12 +13,54 @@ SCENARIO_KEYS = frozenset({"cluster", "workload", "costs", "steps", "seed", "ext
 """Top-level keys only a simulator scenario has (``cluster`` aside, which run files share)."""
 
 
-@click.group(name="config")
+SCHEMA_KINDS = ("config", "run", "scenario")
+"""The file kinds ``config schema`` describes: a dynres config, a ``dynres run`` file, a scenario."""
+
+
+@click.group(name="config", short_help="Validate config, run and scenario files; print their JSON Schema.")
 def command() -> None:
-    """Validate configuration and scenario files."""
+    """Validate configuration and scenario files; print their JSON Schema or reference."""
 
 
-@command.command(name="check")
+def schema_model(kind: str) -> Any:
+    """The pydantic model of a file kind (see :data:`SCHEMA_KINDS`)."""
+    if kind == "config":
+        from dynres.core.config import DynresConfig
+
+        return DynresConfig
+    if kind == "run":
+        from dynres.runtime.realrun.config import RunConfig
+
+        return RunConfig
+    from dynres.runtime.sim.scenario import Scenario
+
+    return Scenario
+
+
+@command.command(name="schema", short_help="Print the JSON Schema (or a markdown reference) of a file kind.")
+@click.argument("kind", type=click.Choice(SCHEMA_KINDS), default="config")
+@click.option(
+    "--markdown",
+    is_flag=True,
+    help="Print the markdown reference of every kind instead (what docs/config-reference.md holds).",
+)
+def schema(kind: str, markdown: bool) -> None:
+    """Print the JSON Schema of KIND: config (default), run or scenario, from the pydantic models.
+
+    Every field carries its description and unit; editors that read JSON Schema can check YAML
+    files against it.
+    """
+    import json
+
+    from dynres.runtime.cli.reference import reference_markdown
+
+    if markdown:
+        click.echo(reference_markdown(), nl=False)
+        return
+    click.echo(json.dumps(schema_model(kind).model_json_schema(), indent=1))
+
+
+@command.command(name="check", short_help="Validate a config, run or scenario file and the policy it names.")
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option(
     "--strict", is_flag=True, help="Reject verl keys dynres does not model (default: ignore them, named in one line)."

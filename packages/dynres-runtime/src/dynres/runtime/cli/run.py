@@ -1,7 +1,7 @@
 """``dynres run CONFIG``: start a real fully-async run from one YAML file and follow it.
 
 Progress goes to stderr (a rich progress bar on a terminal, one line per cycle always); the
-summary (or the RunReport as JSON with ``--json``) goes to stdout. Files land in ``--out``:
+summary goes to stdout (to stderr when ``--json -`` puts the RunReport on stdout). Files land in ``--out``:
 ``metrics.jsonl`` (one record per cycle, written as cycles finish), ``report.json``,
 ``backend.json`` and ``plots/``. Ctrl-C stops cleanly (in-flight requests aborted, engines shut
 down, Ray stopped) and exits with status 130; a bad config or a backend failure prints one line
@@ -17,11 +17,13 @@ from typing import Any
 
 import click
 
+from dynres.runtime.cli.output import STDOUT, emit_json, json_option, quiet_option
+
 EXIT_INTERRUPTED = 130
 """Exit status after Ctrl-C (128 + SIGINT), as shells report it."""
 
 
-@click.command(name="run")
+@click.command(name="run", short_help="Run real fully-async training from one YAML file and report.")
 @click.argument("config")
 @click.option(
     "--out",
@@ -42,9 +44,17 @@ EXIT_INTERRUPTED = 130
 @click.option(
     "--strict", is_flag=True, help="Reject verl keys dynres does not model (default: ignore them, named in one line)."
 )
-@click.option("--json", "as_json", is_flag=True, help="Print the RunReport as JSON on stdout.")
-@click.option("--no-progress", is_flag=True, help="No progress bar (cycle lines are still printed).")
-@click.option("--no-plots", is_flag=True, help="Do not write plots.")
+@json_option("the RunReport")
+@quiet_option()
+@click.option(
+    "--plot",
+    "plot_dir",
+    metavar="DIR",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Write PNG plots to DIR (default: OUT/plots; needs the [plot] extra).",
+)
+@click.option("--no-plot", is_flag=True, help="Do not write plots.")
 @click.option("-v", "--verbose", count=True, help="More log output (-v: info, -vv: debug).")
 def command(
     config: str,
@@ -54,9 +64,10 @@ def command(
     address: str | None,
     sets: tuple[str, ...],
     strict: bool,
-    as_json: bool,
-    no_progress: bool,
-    no_plots: bool,
+    json_dest: str | None,
+    quiet: bool,
+    plot_dir: str | None,
+    no_plot: bool,
     verbose: int,
 ) -> None:
     """Run fully-async training from CONFIG (engines, cluster, model, policy, steps) and report.
@@ -69,12 +80,13 @@ def command(
     from rich.console import Console
 
     from dynres.core.config import parse_set_items
-    from dynres.runtime.realrun import execute, load_run_config, load_run_policy, operations_lines, reward_key
+    from dynres.runtime.plots import plotting_available, require_matplotlib
+    from dynres.runtime.realrun import execute, load_run_config, load_run_policy, reward_key
 
     level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     from dynres.core.errors import ConfigError
-    from dynres.runtime.cli.paths import check_output_dir
+    from dynres.runtime.cli.paths import check_output_dir, check_output_file
 
     overrides = parse_set_items(sets)
     for flag, key, value in (
@@ -89,9 +101,25 @@ def command(
         overrides[key] = value
     cfg = load_run_config(config, overrides, strict=strict, on_ignored=lambda line: click.echo(line, err=True))
     load_run_policy(cfg)
+    plots = not no_plot
+    if plot_dir is not None and no_plot:
+        raise click.UsageError("give --plot DIR or --no-plot, not both")
+    if plots and not plotting_available():
+        if plot_dir is not None:
+            require_matplotlib()  # asked for plots explicitly: one-line error naming the extra
+        plots = False
+        err_note = "note: no plots (matplotlib is not installed: pip install 'dynres-runtime[plot]')"
+    else:
+        err_note = ""
     out = Path(out_dir) if out_dir else Path("dynres-runs") / Path(config).stem
     check_output_dir(out, "--out")
-    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    if plot_dir is not None:
+        check_output_dir(Path(plot_dir), "--plot")
+    if json_dest not in (None, STDOUT):
+        check_output_file(Path(json_dest), "--json")
+    err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False)
+    if err_note:
+        err.print(err_note)
     total = cfg.run.steps
     err.print(
         f"dynres run: {total} cycles, policy {cfg.async_training.dynamic_schedule_policy} "
@@ -99,7 +127,7 @@ def command(
         f"{cfg.num_standalone_replicas} standalone + {cfg.num_hybrid_replicas} hybrid {cfg.engines.rollout} "
         f"replicas, {cfg.engines.trainer} trainer, runtime {cfg.engines.runtime}; output in {out}"
     )
-    progress, task = _progress(err, total, disabled=no_progress)
+    progress, task = _progress(err, total, disabled=quiet)
 
     def on_cycle(cycle: Any, rec: dict[str, Any]) -> None:
         rk = reward_key(rec)
@@ -127,9 +155,9 @@ def command(
     try:
         if progress is not None:
             with progress:
-                outcome = execute(cfg, out, on_cycle=on_cycle, on_status=on_status, plots=not no_plots)
+                outcome = execute(cfg, out, on_cycle=on_cycle, on_status=on_status, plots=plots, plot_dir=plot_dir)
         else:
-            outcome = execute(cfg, out, on_cycle=on_cycle, on_status=on_status, plots=not no_plots)
+            outcome = execute(cfg, out, on_cycle=on_cycle, on_status=on_status, plots=plots, plot_dir=plot_dir)
     except KeyboardInterrupt:
         err.print(
             f"dynres: interrupted; in-flight work aborted, engines shut down, Ray stopped. "
@@ -137,25 +165,37 @@ def command(
         )
         sys.exit(EXIT_INTERRUPTED)
     report = outcome.report
-    if as_json:
-        click.echo(report.to_json())
-        return
+    if json_dest:
+        emit_json(json_dest, report.to_dict(), allow_nan=True)
+        if json_dest == STDOUT:
+            _summary(report, outcome, out, to_stderr=True)
+            return
+    _summary(report, outcome, out, to_stderr=False)
+
+
+def _summary(report: Any, outcome: Any, out: Path, *, to_stderr: bool) -> None:
+    """The human-readable end of a run: time, sample counts, operations, where the files are."""
+    from dynres.runtime.realrun import operations_lines
+
+    def echo(line: str) -> None:
+        click.echo(line, err=to_stderr)
+
     s = report.samples
-    click.echo(f"finished {len(report.cycles)} cycles in {report.end_to_end_s:.1f} s (policy {report.policy})")
-    click.echo(
+    echo(f"finished {len(report.cycles)} cycles in {report.end_to_end_s:.1f} s (policy {report.policy})")
+    echo(
         f"samples: generated {s.generated}, consumed {s.consumed}, dropped stale {s.dropped_stale}, "
         f"queued at end {s.queued_at_end}, partial at end {s.partial_at_end}, failed {s.failed}, "
         f"duplicates {s.duplicates}; requests aborted {s.aborted}, resumed {s.resumed}"
     )
     for line in operations_lines(report):
-        click.echo(line)
+        echo(line)
     lags = outcome.backend.get("loop_lag")
     if lags:
-        click.echo("event-loop max gap (ms): " + ", ".join(f"{k} {v:g}" for k, v in lags.items()))
+        echo("event-loop max gap (ms): " + ", ".join(f"{k} {v:g}" for k, v in lags.items()))
     if report.quarantined:
         for rid, why in report.quarantined.items():
-            click.echo(f"replica {rid} was taken out of the run: {why}")
-    click.echo(f"metrics: {out / 'metrics.jsonl'}; report: {out / 'report.json'}")
+            echo(f"replica {rid} was taken out of the run: {why}")
+    echo(f"metrics: {out / 'metrics.jsonl'}; report: {out / 'report.json'}")
 
 
 def _progress(console: Any, total: int, *, disabled: bool) -> tuple[Any, Any]:

@@ -1,12 +1,12 @@
 """``dynres simulate``: run a scenario (or preset) on the simulator and compare runs.
 
-``--set`` and ``--seed`` apply to every run (the main one and each ``--compare``); ``--policy``
-only to the main scenario, so a comparison keeps each preset's own policy.
+Runs are labelled ``scenario[policy]``. ``--set`` and ``--seed`` apply to every run, ``--set-run N``
+to run N only; ``--policy`` only to the main run, ``--compare-policy`` adds runs of the main
+scenario with other policies, and ``--compare`` runs keep each scenario's own policy.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -14,78 +14,98 @@ from typing import Any
 import click
 
 from dynres.core.errors import ConfigError, ScenarioError
+from dynres.runtime.cli.output import (
+    STDOUT,
+    complete_policies,
+    complete_presets,
+    emit_json,
+    human_console,
+    json_option,
+    quiet_option,
+)
 
 
-def _fmt_h(seconds: float) -> str:
-    return f"{seconds / 3600:.3f} h"
-
-
-def _fmt(v: float, digits: int = 2) -> str:
+def _fmt(v: float | None, digits: int = 2) -> str:
     return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{digits}f}"
 
 
-def _list_presets() -> None:
-    from rich.console import Console
+def _list_presets(json_dest: str | None) -> None:
     from rich.table import Table
 
     from dynres.runtime.sim import presets
 
+    rows = [{"name": n, "description": presets.preset_description(n)} for n in presets.preset_names()]
+    if json_dest:
+        emit_json(json_dest, rows)
+        if json_dest == STDOUT:
+            return
     table = Table(title="dynres simulate presets", show_lines=False)
     table.add_column("preset", no_wrap=True)
     table.add_column("description")
-    for name in presets.preset_names():
-        table.add_row(name, presets.preset_description(name))
-    Console(width=140).print(table)
+    for r in rows:
+        table.add_row(r["name"], r["description"])
+    human_console(json_dest).print(table)
 
 
-def _summary_table(results: list[Any]) -> Any:
-    from rich.console import JustifyMethod
+def _vs_first(results: list[Any]) -> list[float]:
+    """Each run's relative difference in end-to-end time from run #1 (fraction; run #1: 0)."""
+    from dynres.runtime.sim.runner import relative_difference
+
+    first = results[0].end_to_end_s
+    return [relative_difference(r.end_to_end_s, first) for r in results]
+
+
+def _summary_tables(results: list[Any]) -> tuple[Any, Any]:
+    """Two tables that each fit in 80 columns: end-to-end times, then utilizations and switching."""
+    from rich import box
     from rich.table import Table
 
-    table = Table(title="simulated end-to-end time")
-    columns: tuple[tuple[str, JustifyMethod], ...] = (
-        ("run", "left"),
-        ("policy", "left"),
-        ("end-to-end", "right"),
-        ("lower bound", "right"),
-        ("ratio", "right"),
-        ("vs first", "right"),
-        ("train util", "right"),
-        ("rollout util", "right"),
-        ("cluster util", "right"),
-        ("switches", "right"),
-        ("mean mq_size", "right"),
-    )
-    for col, justify in columns:
-        table.add_column(col, justify=justify)
-    first = results[0].end_to_end_s
-    for r in results:
+    vs = _vs_first(results)
+    style: dict[str, Any] = {
+        "box": box.SIMPLE_HEAD,
+        "title_justify": "left",
+        "show_edge": False,
+        "padding": (0, 1, 0, 0),
+    }
+    times = Table(title="simulated end-to-end time", **style)
+    times.add_column("#", justify="right", no_wrap=True)
+    times.add_column("run: scenario[policy]", overflow="fold")
+    for header in ("end-to-end\n(h)", "lower\nbound (h)", "x\nbound", "vs #1"):
+        times.add_column(header, justify="right", no_wrap=True)
+    util = Table(title="utilization and switching (means over steps)", **style)
+    util.add_column("#", justify="right", no_wrap=True)
+    for header in ("train\nutil", "rollout\nutil", "cluster\nutil", "hybrid\nswitches", "mq_size\n(samples)"):
+        util.add_column(header, justify="right", no_wrap=True)
+    for i, (r, d) in enumerate(zip(results, vs, strict=True), start=1):
         s = r.summary()
-        delta = (r.end_to_end_s - first) / first * 100 if first > 0 else 0.0
-        table.add_row(
-            r.scenario.name,
-            r.policy,
-            _fmt_h(r.end_to_end_s),
-            _fmt_h(r.lower_bound_s),
+        times.add_row(
+            str(i),
+            r.label,
+            _fmt(r.end_to_end_s / 3600, 3),
+            _fmt(r.lower_bound_s / 3600, 3),
             _fmt(s["ratio_to_bound"]),
-            "-" if r is results[0] else f"{delta:+.1f}%",
+            "-" if i == 1 else f"{d * 100:+.1f}%",
+        )
+        util.add_row(
+            str(i),
             _fmt(s["mean_train_utilization"]),
             _fmt(s["mean_rollout_utilization"]),
             _fmt(s["mean_resource_utilization"]),
             str(s["switches"]),
             _fmt(s["mean_mq_size"], 1),
         )
-    return table
+    return times, util
 
 
-def _speedups(results: list[Any]) -> dict[str, float]:
-    """How much shorter the first run is than each other run (fraction of the other's time)."""
-    first = results[0]
-    return {
-        r.scenario.name: (r.end_to_end_s - first.end_to_end_s) / r.end_to_end_s
-        for r in results[1:]
-        if r.end_to_end_s > 0
-    }
+def _comparison_lines(results: list[Any]) -> list[str]:
+    """One line per run after the first: how much longer or shorter it is than run #1 (same % as the table)."""
+    lines = []
+    for i, (r, d) in enumerate(zip(results, _vs_first(results), strict=True), start=1):
+        if i == 1 or math.isnan(d):
+            continue
+        how = f"{abs(d) * 100:.1f}% {'longer' if d > 0 else 'shorter'} than" if d else "as long as"
+        lines.append(f"#{i} {r.label}: {how} #1")
+    return lines
 
 
 def _over_seeds(scenarios: list[Any], runs: list[Any], first: list[Any], n: int) -> dict[str, dict[str, Any]]:
@@ -94,11 +114,12 @@ def _over_seeds(scenarios: list[Any], runs: list[Any], first: list[Any], n: int)
 
     out: dict[str, dict[str, Any]] = {}
     for sc, (_, pol), r0 in zip(scenarios, runs, first, strict=True):
+        # Keyed by the run's label: --compare-policy runs share a scenario name.
         seeds = [sc.seed + k for k in range(n)]
         rs = [r0] + [simulate(sc.model_copy(update={"seed": s}), policy=build_policy(sc, pol)) for s in seeds[1:]]
         e2e = [r.end_to_end_s for r in rs]
         mean = sum(e2e) / n
-        out[sc.name] = {
+        out[r0.label] = {
             "seeds": seeds,
             "end_to_end_s": e2e,
             "mean_s": mean,
@@ -110,63 +131,125 @@ def _over_seeds(scenarios: list[Any], runs: list[Any], first: list[Any], n: int)
     return out
 
 
-def _write_json(path: str, results: list[Any], spread: dict[str, dict[str, Any]] | None = None) -> None:
+def _payload(results: list[Any]) -> Any:
+    """The JSON: one run's object, or ``{"runs": [...], "vs_first": {label: fraction}}``."""
     if len(results) == 1:
-        payload: Any = results[0].to_dict()
-    else:
-        payload = {
-            "runs": [r.to_dict() for r in results],
-            "first_run_shorter_by": _speedups(results),
-        }
-    if spread:
-        payload["over_seeds"] = spread
-    try:
-        Path(path).write_text(json.dumps(payload, indent=1, allow_nan=False) + "\n", encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"--json {path}: cannot write the file ({exc.strerror}); choose a writable path") from None
+        return results[0].to_dict()
+    vs = _vs_first(results)
+    runs = []
+    for r, d in zip(results, vs, strict=True):
+        run = r.to_dict()
+        run["vs_first"] = None if math.isnan(d) else d
+        runs.append(run)
+    return {"runs": runs, "vs_first": {run["label"]: run["vs_first"] for run in runs[1:]}}
+
+
+def _plot_dirs(results: list[Any]) -> list[str]:
+    """A folder name per run, ``scenario.policy``, made unique with ``-2``, ``-3`` ... (no brackets for shells)."""
+    used: set[str] = set()
+    names = []
+    for r in results:
+        base = f"{r.scenario.name or 'run'}.{r.policy}"
+        name, n = base, 1
+        while name in used:
+            n += 1
+            name = f"{base}-{n}"
+        used.add(name)
+        names.append(name)
+    return names
 
 
 def _write_plots(out: str, results: list[Any]) -> list[Path]:
     from dynres.runtime.plots import write_comparison_plots, write_plots
 
-    paths: list[Path] = []
+    def one(r: Any, where: str | Path, label: str) -> list[Path]:
+        return write_plots(
+            r.report, where, title=label, queue_cap=r.queue_cap, hybrid_replicas=r.scenario.num_hybrid_replicas
+        )
+
     if len(results) == 1:
-        return write_plots(results[0].report, out, title=results[0].scenario.name)
-    used: set[str] = set()
-    for r in results:
-        name = r.scenario.name or "run"
-        while name in used:
-            name += "_"
-        used.add(name)
-        paths += write_plots(r.report, Path(out) / name, title=name)
-    paths += write_comparison_plots({r.scenario.name: r.report for r in results}, out)
+        return one(results[0], out, results[0].label)
+    paths: list[Path] = []
+    labels = _labels(results)
+    for r, folder, label in zip(results, _plot_dirs(results), labels, strict=True):
+        paths += one(r, Path(out) / folder, label)
+    paths += write_comparison_plots(
+        dict(zip(labels, (r.report for r in results), strict=True)),
+        out,
+        queue_caps={lab: r.queue_cap for lab, r in zip(labels, results, strict=True)},
+    )
     return paths
 
 
-@click.command(name="simulate")
-@click.argument("scenario", required=False)
-@click.option("--preset", metavar="NAME", help="Simulate a shipped preset (see --list-presets).")
+def _labels(results: list[Any]) -> list[str]:
+    """Run labels for legends; a label used twice gets its run number (``#3 x[p]``) so lines stay apart."""
+    plain = [r.label for r in results]
+    return [f"#{i} {lab}" if plain.count(lab) > 1 else lab for i, lab in enumerate(plain, start=1)]
+
+
+def _run_sets(items: tuple[tuple[str, str], ...], count: int) -> dict[int, dict[str, Any]]:
+    """``--set-run N KEY=VALUE`` items as {run index (0-based): overrides}; bad run numbers fail here."""
+    from dynres.core.config import parse_set_items
+
+    by_run: dict[int, list[str]] = {}
+    for run, item in items:
+        if not run.isdigit() or not 1 <= int(run) <= count:
+            raise ConfigError(
+                f"--set-run {run} {item}: no run #{run}; runs are numbered 1..{count} in the order "
+                "main run, --compare-policy runs, --compare runs (the table's # column)"
+            )
+        by_run.setdefault(int(run) - 1, []).append(item)
+    return {i: parse_set_items(tuple(v)) for i, v in by_run.items()}
+
+
+@click.command(
+    name="simulate",
+    short_help="Simulate a scenario or preset on a virtual clock; compare policies and scenarios.",
+)
+@click.argument("scenario", required=False, shell_complete=complete_presets)
+@click.option(
+    "--preset", metavar="NAME", shell_complete=complete_presets, help="Simulate a shipped preset (see --list-presets)."
+)
 @click.option(
     "--policy",
     metavar="NAME_OR_PATH",
+    shell_complete=complete_policies,
     help="Policy of the main run: an installed name, module:Class or file.py:Class.",
+)
+@click.option(
+    "--compare-policy",
+    "compare_policies",
+    multiple=True,
+    metavar="NAME_OR_PATH",
+    shell_complete=complete_policies,
+    help="Also run the main scenario with this policy and compare. Repeatable.",
+)
+@click.option(
+    "--compare",
+    multiple=True,
+    metavar="PRESET_OR_FILE",
+    shell_complete=complete_presets,
+    help="Also simulate this preset or scenario file (with its own policy) and compare. Repeatable.",
 )
 @click.option(
     "--set",
     "sets",
     multiple=True,
     metavar="KEY=VALUE",
-    help="Override a scenario key, dotted (e.g. async_training.staleness_threshold=0.3); "
-    "the value is YAML. Repeatable; applies to every run.",
+    help="Override a scenario key in every run, dotted (e.g. async_training.staleness_threshold=0.3); "
+    "the value is YAML. Repeatable.",
 )
 @click.option(
-    "--compare",
+    "--set-run",
+    "run_sets",
     multiple=True,
-    metavar="PRESET_OR_FILE",
-    help="Also simulate this preset or scenario file and compare. Repeatable.",
+    nargs=2,
+    metavar="N KEY=VALUE",
+    help="Override a key in run N only (1 = main run, then --compare-policy, then --compare runs), e.g. "
+    "--set-run 2 async_training.dynamic_schedule_policy_params.deactivate_ratio=0.5. Repeatable.",
 )
-@click.option("--json", "json_path", metavar="FILE", help="Write the results as JSON to FILE.")
-@click.option("--plot", "plot_dir", metavar="DIR", help="Write PNG plots to DIR.")
+@json_option("the results")
+@click.option("--plot", "plot_dir", metavar="DIR", type=click.Path(file_okay=False), help="Write PNG plots to DIR.")
 @click.option("--seed", type=int, help="Seed of every run (replaces the scenarios' seed).")
 @click.option(
     "--seeds",
@@ -178,14 +261,16 @@ def _write_plots(out: str, results: list[Any]) -> list[Path]:
     "and spread of the end-to-end time, so that one draw does not decide a comparison.",
 )
 @click.option("--list-presets", is_flag=True, help="List the shipped presets and exit.")
-@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@quiet_option()
 def command(
     scenario: str | None,
     preset: str | None,
     policy: str | None,
-    sets: tuple[str, ...],
+    compare_policies: tuple[str, ...],
     compare: tuple[str, ...],
-    json_path: str | None,
+    sets: tuple[str, ...],
+    run_sets: tuple[tuple[str, str], ...],
+    json_dest: str | None,
     plot_dir: str | None,
     seed: int | None,
     n_seeds: int,
@@ -194,15 +279,20 @@ def command(
 ) -> None:
     """Simulate SCENARIO (a YAML file or preset name) or --preset NAME on a virtual clock.
 
-    Prints the end-to-end time, the analytic lower bound, mean utilizations, switches and mean
-    queue size of each run. Example:
+    Runs are labelled scenario[policy] and numbered: 1 is the main run, then one per
+    --compare-policy (same scenario, another policy), then one per --compare (another scenario
+    with its own policy). Prints end-to-end time, the analytic lower bound, how each run compares
+    with run 1, mean utilizations, switches and mean queue size. Examples:
+
+        dynres simulate --preset seed-dynamic-16-16 --compare-policy fixed_ratio
 
         dynres simulate --preset seed-dynamic-16-16 --compare seed-static-16-16
     """
     if list_presets:
-        if scenario or preset or compare or policy or sets or json_path or plot_dir or seed is not None:
+        given = (scenario, preset, compare, compare_policies, policy, sets, run_sets, plot_dir)
+        if any(given) or seed is not None:
             raise click.UsageError("--list-presets lists the presets and exits; give it alone")
-        _list_presets()
+        _list_presets(json_dest)
         return
     if bool(scenario) == bool(preset):
         raise click.UsageError("give exactly one of SCENARIO or --preset NAME (see --list-presets)")
@@ -217,7 +307,7 @@ def command(
     from dynres.core.config import parse_set_items
     from dynres.runtime.cli.paths import check_output_dir, check_output_file
     from dynres.runtime.sim import presets
-    from dynres.runtime.sim.runner import build_policy, simulate
+    from dynres.runtime.sim.runner import build_policy, run_label, simulate
     from dynres.runtime.sim.scenario import load_scenario
 
     overrides = parse_set_items(sets)
@@ -227,17 +317,26 @@ def command(
     ):
         if value is not None and key in overrides:
             raise ConfigError(f"{flag} and --set {key}=... both set {key}; give only one of them")
-    if json_path:
-        check_output_file(Path(json_path), "--json")
+    if json_dest not in (None, STDOUT):
+        check_output_file(Path(json_dest), "--json")
     if plot_dir:
         check_output_dir(Path(plot_dir), "--plot", create=False)
     main_source = preset if preset else scenario
     assert main_source is not None
     if preset and not presets.is_preset(preset):
         presets.preset_raw(preset)  # raises the unknown-preset error with a did-you-mean
-    runs: list[tuple[str, str | None]] = [(main_source, policy)] + [(c, None) for c in compare]
-    # Validate every scenario before simulating any, so a typo in the last --compare fails fast.
-    scenarios = [load_scenario(src, overrides=overrides) for src, _ in runs]
+    runs: list[tuple[str, str | None]] = [
+        (main_source, policy),
+        *((main_source, p) for p in compare_policies),
+        *((c, None) for c in compare),
+    ]
+    per_run = _run_sets(run_sets, len(runs))
+    if plot_dir:
+        from dynres.runtime.plots import require_matplotlib
+
+        require_matplotlib()  # before any work: one line naming the [plot] extra
+    # Validate every scenario and policy before simulating any, so a typo in the last run fails fast.
+    scenarios = [load_scenario(src, overrides={**overrides, **per_run.get(i, {})}) for i, (src, _) in enumerate(runs)]
     if seed is not None:
         scenarios = [s.model_copy(update={"seed": seed}) for s in scenarios]
     if policy and not scenarios[0].async_training.use_dynamic_resource_scheduling:
@@ -252,7 +351,7 @@ def command(
     policies = [build_policy(sc, pol) for sc, (_, pol) in zip(scenarios, runs, strict=True)]
 
     err = Console(stderr=True)
-    out = Console() if Console().is_terminal else Console(width=160)  # pipes/files: no wrapping
+    out = human_console(json_dest)
     results = []
     show = not quiet and err.is_terminal
     with Progress(
@@ -265,8 +364,9 @@ def command(
         disable=not show,
         transient=False,
     ) as progress:
-        for sc, pol in zip(scenarios, policies, strict=True):
-            task = progress.add_task(sc.name, total=sc.steps, sim_h="0.00 h")
+        for i, (sc, pol) in enumerate(zip(scenarios, policies, strict=True), start=1):
+            label = run_label(sc.name, pol.name)
+            task = progress.add_task(f"#{i} {label}", total=sc.steps, sim_h="0.00 h")
 
             def tick(cycle: Any, task: Any = task) -> None:
                 progress.update(task, advance=1, sim_h=f"{cycle.end_s / 3600:.2f} h")
@@ -275,26 +375,33 @@ def command(
             results.append(result)
             if result.report.policy_fallbacks:
                 err.print(
-                    f"[yellow]warning:[/] {sc.name}: policy {result.policy!r} fell back to the safe "
+                    f"[yellow]warning:[/] #{i} {label}: policy {result.policy!r} fell back to the safe "
                     f"decision {result.report.policy_fallbacks} time(s) (raised, timed out or "
                     "returned a wrong type); see the JSON report's decisions"
                 )
-    out.print(_summary_table(results))
+    times, util = _summary_tables(results)
+    out.print(times)
+    out.print()
+    out.print(util)
     spread: dict[str, dict[str, Any]] = {}
     if n_seeds > 1:
         spread = _over_seeds(scenarios, runs, results, n_seeds)
-        for name, row in spread.items():
+        for label, row in spread.items():
             out.print(
-                f"{name}: end-to-end over seeds {row['seeds'][0]}..{row['seeds'][-1]}: mean "
-                f"{_fmt_h(row['mean_s'])}, min {_fmt_h(row['min_s'])}, max {_fmt_h(row['max_s'])} "
-                f"(spread {row['spread'] * 100:.1f}%), lower bound mean {_fmt_h(row['lower_bound_mean_s'])}"
+                f"{label}: end-to-end over seeds {row['seeds'][0]}..{row['seeds'][-1]}: "
+                f"mean {_fmt(row['mean_s'] / 3600, 3)} h, min {_fmt(row['min_s'] / 3600, 3)} h, "
+                f"max {_fmt(row['max_s'] / 3600, 3)} h (spread {row['spread'] * 100:.1f}%), "
+                f"lower bound mean {_fmt(row['lower_bound_mean_s'] / 3600, 3)} h"
             )
-    for name, frac in _speedups(results).items():
-        word = "shorter" if frac >= 0 else "longer"
-        out.print(f"{results[0].scenario.name} is {abs(frac) * 100:.1f}% {word} than {name}")
-    if json_path:
-        _write_json(json_path, results, spread)
-        out.print(f"wrote {json_path}")
+    for line in _comparison_lines(results):
+        out.print(line)
+    if json_dest:
+        payload = _payload(results)
+        if spread:
+            payload["over_seeds"] = spread
+        emit_json(json_dest, payload)
+        if json_dest != STDOUT:
+            out.print(f"wrote {json_dest}")
     if plot_dir:
         paths = _write_plots(plot_dir, results)
         out.print(f"wrote {len(paths)} plots to {plot_dir}")

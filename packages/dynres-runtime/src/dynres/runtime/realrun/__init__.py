@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dynres.core.context import buffer_samples, step_required_samples
 from dynres.core.errors import RunAbortedError
 from dynres.runtime.realrun.config import (
     EnginesSection,
@@ -41,6 +42,7 @@ from dynres.runtime.realrun.engines import (
 from dynres.runtime.realrun.output import (
     BACKEND_FILE,
     METRICS_FILE,
+    PLOTS_DIR,
     REPORT_FILE,
     MetricsSink,
     operations_lines,
@@ -100,9 +102,11 @@ def execute(
     on_status: Callable[[dict[str, Any]], None] | None = None,
     poll_s: float = 0.5,
     plots: bool = True,
+    plot_dir: str | Path | None = None,
 ) -> RunOutcome:
     """Run ``cfg`` to the end (or Ctrl-C); write metrics.jsonl, report.json, backend.json, plots.
 
+    Plots go to ``plot_dir`` (default: ``out_dir/plots``) unless ``plots`` is False.
     Raises KeyboardInterrupt after a clean teardown when interrupted; DynresError on a bad
     config or a failing backend.
     """
@@ -137,7 +141,7 @@ def execute(
     except RunAbortedError as exc:
         # The report holds the cycles done and a checkpoint that loses no sample: keep it.
         if exc.report is not None:
-            write_report(out, exc.report, plots=False)
+            write_report(out, exc.report, plot_dir=None)
             exc.args = (f"{exc}; report and checkpoint written to {out / REPORT_FILE}",)
         raise
     finally:
@@ -147,7 +151,15 @@ def execute(
         if cluster_conn is not None:
             cluster_conn.disconnect()
         write_backend(out, backend)
-    write_report(out, outcome.report, plots=plots)
+    dcfg = cfg.dynres_config()
+    step = step_required_samples(dcfg.required_samples, dcfg.async_training.trigger_parameter_sync_step)
+    write_report(
+        out,
+        outcome.report,
+        plot_dir=(Path(plot_dir) if plot_dir else out / PLOTS_DIR) if plots else None,
+        queue_cap=step + buffer_samples(step, dcfg.async_training.staleness_threshold),
+        hybrid_replicas=dcfg.num_hybrid_replicas,
+    )
     return outcome
 
 

@@ -75,10 +75,23 @@ def write_backend(out_dir: Path, backend: Mapping[str, Any]) -> None:
     (out_dir / BACKEND_FILE).write_text(json.dumps(dict(backend), indent=2, default=str))
 
 
-def write_report(out_dir: Path, report: Any, *, plots: bool) -> None:
-    """Write ``report.json`` and, when ``plots``, the plots of ``report`` under ``plots/``."""
+def write_report(
+    out_dir: Path,
+    report: Any,
+    *,
+    plot_dir: Path | None,
+    queue_cap: int | None = None,
+    hybrid_replicas: int | None = None,
+) -> None:
+    """Write ``report.json`` and, when ``plot_dir`` is given, the plots of ``report`` there."""
     (out_dir / REPORT_FILE).write_text(report.to_json(indent=2))
-    if plots:
+    if plot_dir is not None:
         from dynres.runtime.plots import write_plots
 
-        write_plots(report, out_dir / PLOTS_DIR, title=f"dynres run ({report.policy})")
+        write_plots(
+            report,
+            plot_dir,
+            title=f"dynres run [{report.policy}]",
+            queue_cap=queue_cap,
+            hybrid_replicas=hybrid_replicas,
+        )

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from dynres.core import Policy
+from dynres.core.context import buffer_samples
 from dynres.core.errors import ScenarioError
 from dynres.core.loading import policy_from_config
 from dynres.core.metrics import (
@@ -106,6 +107,17 @@ class SimResult:
     """Where each admitted sample went, by id (not in the JSON; end-to-end checks read it)."""
 
     @property
+    def label(self) -> str:
+        """``scenario[policy]``: how tables, JSON, plots and summary lines name this run."""
+        return run_label(self.scenario.name, self.policy)
+
+    @property
+    def queue_cap(self) -> int:
+        """Most samples the queue holds: a cycle's samples plus the staleness buffer (count)."""
+        step = self.scenario.step_required_samples
+        return step + buffer_samples(step, self.scenario.async_training.staleness_threshold)
+
+    @property
     def end_to_end_s(self) -> float:
         """Simulated end-to-end time (seconds)."""
         return self.report.end_to_end_s
@@ -156,6 +168,7 @@ class SimResult:
         s = self.scenario
         return _scrub(
             {
+                "label": self.label,
                 "scenario": s.name,
                 "description": s.description,
                 "policy": self.policy,
@@ -169,6 +182,20 @@ class SimResult:
                 "report": self.report.to_dict(),
             }
         )
+
+
+def run_label(scenario: str, policy: str) -> str:
+    """The label of a run of policy ``policy`` on scenario ``scenario``: ``scenario[policy]``."""
+    return f"{scenario}[{policy}]"
+
+
+def relative_difference(value: float, reference: float) -> float:
+    """``(value - reference) / reference``: the one formula for "x% longer/shorter than" (fraction).
+
+    Tables ("vs #1"), summary lines and the JSON's ``vs_first`` all use it, with the first run as
+    the reference, so one pair of runs is never described by two different percentages.
+    """
+    return (value - reference) / reference if reference > 0 else math.nan
 
 
 def _scrub(v: Any) -> Any:
@@ -347,6 +374,9 @@ def simulate(
         # A simulated operation takes exactly its modelled time: a long fit step on the virtual
         # clock is the scenario, not a hung engine, so no operation times out.
         op_timeout_s=math.inf,
+        # Nor a stall watchdog: a long simulated fit step is not a stall, and a real deadlock
+        # leaves the virtual loop with no timer, which sim.loop reports by itself.
+        stall_timeout_s=None,
     )
     t0 = time.perf_counter()
     run = FullyAsyncRun(spec)
