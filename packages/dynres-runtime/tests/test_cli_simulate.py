@@ -322,3 +322,50 @@ def test_seeds_prints_mean_and_spread_and_writes_them(tmp_path: Path) -> None:
     assert row["seeds"] == [0, 1, 2] and len(set(row["end_to_end_s"])) > 1
     assert row["min_s"] <= row["mean_s"] <= row["max_s"]
     assert _run("simulate", "--preset", "seed-dynamic-16-16", "--seeds", "0")[0] == 2
+
+
+VERL_CONFIG = Path(__file__).resolve().parents[3] / "examples" / "verl-fully-async.yaml"
+
+
+def test_config_applies_a_verl_configs_dynres_keys_to_the_scenario() -> None:
+    from dynres.core.config import DynresConfig, drop_verl_only_keys, read_yaml, validate_model
+    from dynres.runtime.sim.scenario import config_overrides, load_scenario
+
+    data, _ = drop_verl_only_keys(read_yaml(VERL_CONFIG), DynresConfig)
+    sc = load_scenario("seed-dynamic-16-16", overrides=config_overrides(validate_model(DynresConfig, data)))
+    base = load_scenario("seed-dynamic-16-16")
+    at = sc.async_training
+    assert (at.staleness_threshold, at.require_batches, at.concurrent_samples_per_replica) == (0.1, 1, 16)
+    assert sc.actor_rollout_ref.actor.ppo_mini_batch_size == 32 and sc.actor_rollout_ref.rollout.n == 16
+    assert (sc.cluster.trainer_gpus, sc.cluster.rollout_gpus, sc.cluster.gpus_per_replica) == (16, 16, 2)
+    # What the config does not give keeps the scenario's own value.
+    assert sc.workload == base.workload and sc.costs == base.costs and sc.steps == base.steps
+
+
+@pytest.mark.skipif(not VERL_CONFIG.is_file(), reason="examples/ is only in a checkout of the repository")
+def test_simulate_config_takes_a_verl_config_names_ignored_keys_and_set_wins() -> None:
+    res = CliRunner().invoke(
+        main,
+        [
+            *("simulate", "--preset", "seed-dynamic-16-16", "--config", str(VERL_CONFIG), "--set", "steps=2"),
+            *("--set", "cluster.gpus_per_replica=4", "--json", "-", "-q"),
+        ],
+    )
+    assert res.exit_code == 0, res.output
+    ignored = [line for line in res.stderr.splitlines() if "verl key(s) dynres does not model" in line]
+    assert len(ignored) == 1 and "algorithm" in ignored[0] and "data" in ignored[0]
+    data = json.loads(res.stdout)
+    assert data["cluster"] == {"trainer_gpus": 16, "rollout_gpus": 16, "gpus_per_replica": 4}  # --set wins
+    assert len(data["steps"]) == 2
+    res = CliRunner().invoke(
+        main, ["simulate", "--preset", "seed-dynamic-16-16", "--config", str(VERL_CONFIG), "--set", "steps=2", "--json"]
+    )
+    assert json.loads(res.stdout)["cluster"]["gpus_per_replica"] == 2  # the config's TP (the preset has 4)
+
+
+@pytest.mark.skipif(not VERL_CONFIG.is_file(), reason="examples/ is only in a checkout of the repository")
+def test_simulate_config_strict_rejects_verl_only_keys_in_one_line() -> None:
+    code, _, err = _run("simulate", "--preset", "seed-dynamic-16-16", "--config", str(VERL_CONFIG), "--strict")
+    assert code == 2 and err.count("\n") == 1 and err.startswith("dynres: error:") and "data" in err, err
+    code, _, err = _run("simulate", "--preset", "seed-dynamic-16-16", "--strict")
+    assert code == 2 and "--strict applies to --config" in err

@@ -187,6 +187,19 @@ def _labels(results: list[Any]) -> list[str]:
     return [f"#{i} {lab}" if plain.count(lab) > 1 else lab for i, lab in enumerate(plain, start=1)]
 
 
+def _config_overrides(path: str, strict: bool) -> dict[str, Any]:
+    """The scenario keys that config file ``path`` sets; verl-only keys dropped (and named) unless strict."""
+    from dynres.core.config import DynresConfig, drop_verl_only_keys, ignored_verl_keys_line, read_yaml, validate_model
+    from dynres.runtime.sim.scenario import config_overrides
+
+    data = read_yaml(path)
+    if not strict:
+        data, removed = drop_verl_only_keys(data, DynresConfig)
+        if removed:
+            click.echo(ignored_verl_keys_line(removed, path), err=True)
+    return config_overrides(validate_model(DynresConfig, data, path))
+
+
 def _run_sets(items: tuple[tuple[str, str], ...], count: int) -> dict[int, dict[str, Any]]:
     """``--set-run N KEY=VALUE`` items as {run index (0-based): overrides}; bad run numbers fail here."""
     from dynres.core.config import parse_set_items
@@ -248,6 +261,15 @@ def _run_sets(items: tuple[tuple[str, str], ...], count: int) -> dict[int, dict[
     help="Override a key in run N only (1 = main run, then --compare-policy, then --compare runs), e.g. "
     "--set-run 2 async_training.dynamic_schedule_policy_params.deactivate_ratio=0.5. Repeatable.",
 )
+@click.option(
+    "--config",
+    "config_file",
+    metavar="FILE",
+    help="A dynres or complete verl config: its async_training and actor_rollout_ref keys and its "
+    "trainer/rollout GPU counts apply to every run, before --set. verl keys dynres does not model "
+    "are ignored and named in one line.",
+)
+@click.option("--strict", is_flag=True, help="With --config: reject verl keys dynres does not model.")
 @json_option("the results")
 @click.option("--plot", "plot_dir", metavar="DIR", type=click.Path(file_okay=False), help="Write PNG plots to DIR.")
 @click.option("--seed", type=int, help="Seed of every run (replaces the scenarios' seed).")
@@ -270,6 +292,8 @@ def command(
     compare: tuple[str, ...],
     sets: tuple[str, ...],
     run_sets: tuple[tuple[str, str], ...],
+    config_file: str | None,
+    strict: bool,
     json_dest: str | None,
     plot_dir: str | None,
     seed: int | None,
@@ -289,7 +313,7 @@ def command(
         dynres simulate --preset seed-dynamic-16-16 --compare seed-static-16-16
     """
     if list_presets:
-        given = (scenario, preset, compare, compare_policies, policy, sets, run_sets, plot_dir)
+        given = (scenario, preset, compare, compare_policies, policy, sets, run_sets, plot_dir, config_file)
         if any(given) or seed is not None:
             raise click.UsageError("--list-presets lists the presets and exits; give it alone")
         _list_presets(json_dest)
@@ -311,6 +335,9 @@ def command(
     from dynres.runtime.sim.scenario import load_scenario
 
     overrides = parse_set_items(sets)
+    if strict and not config_file:
+        raise click.UsageError("--strict applies to --config FILE; give both or neither")
+    base = _config_overrides(config_file, strict) if config_file else {}
     for flag, key, value in (
         ("--seed", "seed", seed),
         ("--policy", "async_training.dynamic_schedule_policy", policy),
@@ -336,7 +363,9 @@ def command(
 
         require_matplotlib()  # before any work: one line naming the [plot] extra
     # Validate every scenario and policy before simulating any, so a typo in the last run fails fast.
-    scenarios = [load_scenario(src, overrides={**overrides, **per_run.get(i, {})}) for i, (src, _) in enumerate(runs)]
+    scenarios = [
+        load_scenario(src, overrides={**base, **overrides, **per_run.get(i, {})}) for i, (src, _) in enumerate(runs)
+    ]
     if seed is not None:
         scenarios = [s.model_copy(update={"seed": seed}) for s in scenarios]
     if policy and not scenarios[0].async_training.use_dynamic_resource_scheduling:

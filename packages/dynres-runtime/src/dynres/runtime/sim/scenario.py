@@ -363,6 +363,36 @@ def resolve_raw(
     return data, label
 
 
+def config_overrides(cfg: DynresConfig) -> dict[str, Any]:
+    """The dotted scenario keys a run config sets (what ``dynres simulate --config`` applies).
+
+    Only keys the config file gives count (pydantic's set fields), so a scenario keeps its own
+    values for everything else: ``async_training.*`` and ``actor_rollout_ref.*`` as they are,
+    the rollout's tensor-parallel size as ``cluster.gpus_per_replica``, and the ``trainer`` and
+    ``rollout`` node sections as ``cluster.trainer_gpus`` / ``cluster.rollout_gpus`` (GPUs).
+    """
+    out: dict[str, Any] = {}
+
+    def leaves(prefix: str, node: Any) -> None:
+        for key, value in node.items():
+            if isinstance(value, Mapping) and value:
+                leaves(f"{prefix}{key}.", value)
+            else:
+                out[f"{prefix}{key}"] = value
+
+    leaves("async_training.", cfg.async_training.model_dump(exclude_unset=True))
+    aro = cfg.actor_rollout_ref.model_dump(exclude_unset=True)
+    tp = aro.get("rollout", {}).pop("tensor_model_parallel_size", None)
+    if tp is not None:
+        out["cluster.gpus_per_replica"] = tp
+    leaves("actor_rollout_ref.", aro)
+    if "trainer" in cfg.model_fields_set:
+        out["cluster.trainer_gpus"] = cfg.trainer.n_gpus
+    if "rollout" in cfg.model_fields_set:
+        out["cluster.rollout_gpus"] = cfg.rollout.n_gpus
+    return out
+
+
 def load_scenario(
     source: str | Path | Mapping[str, Any] | Scenario,
     *,
