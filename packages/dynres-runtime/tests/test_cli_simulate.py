@@ -318,7 +318,7 @@ def test_seeds_prints_mean_and_spread_and_writes_them(tmp_path: Path) -> None:
         "simulate", "--preset", "seed-dynamic-16-16", "--set", "steps=1", "--seeds", "3", "--json", str(path)
     )
     assert code == 0 and "over seeds 0..2: mean" in out
-    row = json.loads(path.read_text())["over_seeds"]["seed-dynamic-16-16"]
+    row = json.loads(path.read_text())["over_seeds"]["seed-dynamic-16-16[default]"]  # keyed by run label
     assert row["seeds"] == [0, 1, 2] and len(set(row["end_to_end_s"])) > 1
     assert row["min_s"] <= row["mean_s"] <= row["max_s"]
     assert _run("simulate", "--preset", "seed-dynamic-16-16", "--seeds", "0")[0] == 2

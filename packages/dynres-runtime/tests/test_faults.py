@@ -424,13 +424,18 @@ def _inject_random_faults(cl: FakeCluster, rng: random.Random, rate: float, inje
 
             setattr(r, op, make())
     inner_train = cl.engine.train_step
+    last_failed = [False]
 
     async def train_step(batch: Any) -> Any:
-        if rng.random() < 0.05:
+        # A retryable error is retried once; a second one in a row ends the run by design
+        # (test_train_step_fault_*), so the soak never injects two in a row.
+        if not last_failed[0] and rng.random() < 0.05:
+            last_failed[0] = True
             injected.append(("train_step", "trainer"))
             err = BackendError("injected retryable train_step failure")
             err.retryable = True  # type: ignore[attr-defined]
             raise err
+        last_failed[0] = False
         return await inner_train(batch)
 
     cl.engine.train_step = train_step  # type: ignore[method-assign]

@@ -232,7 +232,7 @@ def test_a_failing_train_step_is_one_line_and_the_report_keeps_a_checkpoint(tmp_
     data["engines"]["trainer_options"]["fail_on"] = {"train_step": "RuntimeError"}
     cfg = tmp_path / "r.yaml"
     cfg.write_text(yaml.safe_dump(data))
-    res = CliRunner().invoke(main, ["run", str(cfg), "--out", str(tmp_path / "o"), "--no-progress"])
+    res = CliRunner().invoke(main, ["run", str(cfg), "--out", str(tmp_path / "o"), "-q"])
     assert res.exit_code == 2, res.output
     lines = [ln for ln in res.stderr.splitlines() if ln.startswith("dynres: error:")]
     assert len(lines) == 1 and "train_step on trainer failed" in lines[0] and "report.json" in lines[0]

@@ -70,7 +70,7 @@ ONLY_FAILS = {
     broken.IntInsteadOfBoolPolicy: {"check_decision_types"},
     broken.NegativeWaitPolicy: {"check_wait_bounds"},
     broken.UnboundedWaitPolicy: {"check_wait_bounds"},
-    broken.CoinFlipPolicy: {"check_deterministic", "check_state_dict_json_round_trip", "check_picklable"},
+    broken.CoinFlipPolicy: {"check_deterministic", "check_picklable"},
     broken.MutatesContextPolicy: {"check_context_not_mutated"},
     broken.WallClockEmbargoPolicy: {"check_no_clock_reads"},
     broken.MonotonicGracePolicy: {"check_no_clock_reads"},
@@ -99,6 +99,9 @@ def _quick(check, policy):
     check(policy, **kwargs)
 
 
+MAY_ALSO_FAIL = {broken.CoinFlipPolicy: {"check_state_dict_json_round_trip"}}
+
+
 @pytest.mark.parametrize("cls", list(ONLY_FAILS), ids=lambda c: c.__name__)
 def test_broken_policies_fail_only_their_checks(cls):
     policy = cls({"threshold": 0.5}) if cls is broken.RequiredParamPolicy else cls
@@ -110,7 +113,9 @@ def test_broken_policies_fail_only_their_checks(cls):
             failed.add(check.__name__)
         except checks.CheckSkipped:
             skipped.add(check.__name__)
-    assert failed == ONLY_FAILS[cls]
+    # A check listed in MAY_ALSO_FAIL depends on the policy's process-global state (the coin
+    # has tossed a different number of times depending on which tests ran before).
+    assert ONLY_FAILS[cls] <= failed <= ONLY_FAILS[cls] | MAY_ALSO_FAIL.get(cls, set())
     # Only a class the runtime refuses skips the end-to-end checks (check_policy_api says why).
     assert skipped == ({c.__name__ for c in checks.END_TO_END_CHECKS} if cls is broken.MisnamedPolicy else set())
 
