@@ -3,30 +3,8 @@
 # install): the built-ins load by name with no import step, and a third-party distribution that
 # registers a policy in the "dynres.policies" entry-point group is found.
 set -euo pipefail
-cd "$(dirname "$0")/../.."
-ROOT=$PWD
-BUILD_PY=${BUILD_PY:-$ROOT/.venv/bin/python}
-PY=${PYTHON:-python3.11}
-command -v "$PY" >/dev/null || PY=python3
-
-TMP=$(mktemp -d "${TMPDIR:-/tmp}/dynres-wheels-core.XXXXXX")
-trap 'rm -rf "$TMP"' EXIT
-WHEELS=$TMP/wheels
-mkdir -p "$WHEELS"
-
-say() { echo "[10-wheels-core] $*"; }
-
-# Building without isolation reuses the hatchling of the dev venv (requirements/test.txt)
-# instead of downloading it into a throwaway env per package.
-build_wheel() {
-  if "$BUILD_PY" -c "import build, hatchling" 2>/dev/null; then
-    "$BUILD_PY" -m build --wheel --no-isolation --outdir "$WHEELS" "$1" >"$TMP/build.log" 2>&1 \
-      || { cat "$TMP/build.log"; say "FAILED: building $1"; exit 1; }
-  else
-    "$BUILD_PY" -m pip wheel --no-deps --wheel-dir "$WHEELS" "$1" >"$TMP/build.log" 2>&1 \
-      || { cat "$TMP/build.log"; say "FAILED: building $1"; exit 1; }
-  fi
-}
+source "$(dirname "$0")/_lib.bash"
+ci_setup 10-wheels-core
 
 say "building wheels"
 build_wheel packages/dynres-core

@@ -4,29 +4,8 @@
 # (no testkit, no ray, no torch, no matplotlib: plots are the [plot] extra); then `dynres run` on a fake-engine local config, `dynres
 # simulate` on a preset, `dynres policies list` and `dynres config check` must all succeed.
 set -euo pipefail
-cd "$(dirname "$0")/../.."
-ROOT=$PWD
-BUILD_PY=${BUILD_PY:-$ROOT/.venv/bin/python}
-PY=${PYTHON:-python3.11}
-command -v "$PY" >/dev/null || PY=python3
-
-TMP=$(mktemp -d "${TMPDIR:-/tmp}/dynres-runtime-only.XXXXXX")
-trap 'rm -rf "$TMP"' EXIT
-WHEELS=$TMP/wheels
-mkdir -p "$WHEELS"
-say() { echo "[15-runtime-only] $*"; }
-fail() { say "FAILED: $*"; exit 1; }
-
-# Building without isolation reuses the dev venv's hatchling instead of downloading one per package.
-build_wheel() {
-  if "$BUILD_PY" -c "import build, hatchling" 2>/dev/null; then
-    "$BUILD_PY" -m build --wheel --no-isolation --outdir "$WHEELS" "$1" >"$TMP/build.log" 2>&1 \
-      || { cat "$TMP/build.log"; fail "building $1"; }
-  else
-    "$BUILD_PY" -m pip wheel --no-deps --wheel-dir "$WHEELS" "$1" >"$TMP/build.log" 2>&1 \
-      || { cat "$TMP/build.log"; fail "building $1"; }
-  fi
-}
+source "$(dirname "$0")/_lib.bash"
+ci_setup 15-runtime-only
 
 say "building wheels of core, policies, runtime"
 for p in dynres-core dynres-policies dynres-runtime; do build_wheel "packages/$p"; done

@@ -4,36 +4,14 @@
 # then does what a policy author would: list the policies, simulate with the new one, run the
 # conformance suite through the pytest plugin, and run the package's own tests.
 set -euo pipefail
-cd "$(dirname "$0")/../.."
-ROOT=$PWD
-BUILD_PY=${BUILD_PY:-$ROOT/.venv/bin/python}
-PY=${PYTHON:-python3.11}
-command -v "$PY" >/dev/null || PY=python3
-
-TMP=$(mktemp -d "${TMPDIR:-/tmp}/dynres-example-pkg.XXXXXX")
-trap 'rm -rf "$TMP"' EXIT
-WHEELS=$TMP/wheels
-mkdir -p "$WHEELS"
+source "$(dirname "$0")/_lib.bash"
+ci_setup 30-example-package
 START=$SECONDS
-
-say() { echo "[30-example-package] $*"; }
-fail() { say "FAILED: $*"; exit 1; }
-
-wheel() {
-  # --no-isolation reuses hatchling from the dev venv rather than fetching it for every package;
-  # without build/hatchling there, pip builds the wheel the ordinary way.
-  local log=$TMP/build-$(basename "$1").log
-  if "$BUILD_PY" -c "import build, hatchling" 2>/dev/null; then
-    "$BUILD_PY" -m build --wheel --no-isolation --outdir "$WHEELS" "$1" >"$log" 2>&1 || { cat "$log"; fail "building $1"; }
-  else
-    "$BUILD_PY" -m pip wheel --no-deps --wheel-dir "$WHEELS" "$1" >"$log" 2>&1 || { cat "$log"; fail "building $1"; }
-  fi
-}
 
 say "building 5 wheels"
 for pkg in packages/dynres-core packages/dynres-policies packages/dynres-runtime packages/dynres-testkit \
            examples/dynres-policy-example; do
-  wheel "$pkg"
+  build_wheel "$pkg"
 done
 ls "$WHEELS"
 [ "$(ls "$WHEELS"/*.whl | wc -l)" -eq 5 ] || fail "expected 5 wheels in $WHEELS"

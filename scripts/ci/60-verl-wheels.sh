@@ -3,29 +3,9 @@
 # then `import verl` registers every dynres policy in verl's registry as dynres:<name>, and verl's
 # own build_policy builds dynres:default and dynres:fixed_ratio; verl:default resolves in dynres.
 set -euo pipefail
-cd "$(dirname "$0")/../.."
-ROOT=$PWD
-BUILD_PY=${BUILD_PY:-$ROOT/.venv/bin/python}
-PY=${PYTHON:-python3.11}
-command -v "$PY" >/dev/null || PY=python3
-
-TMP=$(mktemp -d "${TMPDIR:-/tmp}/dynres-verl-wheels.XXXXXX")
-trap 'rm -rf "$TMP"' EXIT
-WHEELS=$TMP/wheels
-mkdir -p "$WHEELS"
-
-say() { echo "[60-verl-wheels] $*"; }
+source "$(dirname "$0")/_lib.bash"
+ci_setup 60-verl-wheels
 start=$SECONDS
-
-build_wheel() {
-  if "$BUILD_PY" -c "import build, hatchling" 2>/dev/null; then
-    "$BUILD_PY" -m build --wheel --no-isolation --outdir "$WHEELS" "$1" >"$TMP/build.log" 2>&1 \
-      || { cat "$TMP/build.log"; say "FAILED: building $1"; exit 1; }
-  else
-    "$BUILD_PY" -m pip wheel --no-deps --wheel-dir "$WHEELS" "$1" >"$TMP/build.log" 2>&1 \
-      || { cat "$TMP/build.log"; say "FAILED: building $1"; exit 1; }
-  fi
-}
 
 say "building wheels"
 for pkg in dynres-core dynres-policies dynres-verl; do build_wheel "packages/$pkg"; done
