@@ -345,6 +345,25 @@ def test_state_change_is_found_in_every_decision_method_but_not_in_update():
     )
 
 
+def test_shrinking_a_failure_is_bounded():
+    """A failing check stops shrinking after MAX_SHRINKS: with hypothesis's own cap (500) this
+    failure took over 8,000 policy calls and two minutes on a loaded 2-core machine."""
+    from hypothesis.internal.conjecture import engine
+
+    class Counting(broken.QueueFloorPolicy):
+        calls = 0
+
+        def should_activate_after_step(self, ctx):
+            type(self).calls += 1
+            return super().should_activate_after_step(ctx)
+
+    cap_before = engine.MAX_SHRINKS
+    with pytest.raises(PolicyCheckFailure, match="num_standalone_replicas=0"):
+        checks.check_only_hybrid_never_deadlocks(Counting, max_examples=25)
+    assert Counting.calls < 4000
+    assert cap_before == engine.MAX_SHRINKS  # the limit is lowered for the check only
+
+
 def test_failure_contexts_are_shrunk():
     """The reported context is minimal: hypothesis shrank the numbers that do not matter."""
     with pytest.raises(PolicyCheckFailure) as info:

@@ -23,6 +23,7 @@ already has) are what is tested; a class or name is built with default params.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import gc
 import inspect
@@ -266,13 +267,40 @@ def _first_difference(a: Sequence[Any], b: Sequence[Any]) -> tuple[str, Any, Any
     return None
 
 
+# Successful shrinks hypothesis may make on one failure (its own limit is 500, or five minutes).
+# Each shrink of a context sequence (about 40 numbers) costs a tenth of a second or more, so 500
+# made one failing check take two minutes; after 80 the reported context has lost the cycles and
+# numbers that do not matter (measured on the broken policies of dynres.testkit.broken_policies).
+MAX_SHRINKS = 80
+
+
+@contextlib.contextmanager
+def _shrink_limit(limit: int) -> Iterator[None]:
+    """Lower hypothesis's cap on successful shrinks for one run; restored afterwards.
+
+    The cap is a module constant of hypothesis's engine, not a setting: where a hypothesis
+    version lacks it, shrinking keeps hypothesis's own limit (slower, same verdicts).
+    """
+    from hypothesis.internal.conjecture import engine
+
+    old = getattr(engine, "MAX_SHRINKS", None)
+    if not isinstance(old, int):
+        yield
+        return
+    engine.MAX_SHRINKS = min(old, limit)
+    try:
+        yield
+    finally:
+        engine.MAX_SHRINKS = old
+
+
 def _for_all(strategy: Any, body: Callable[[Any], None], *, max_examples: int, shrink: bool = True) -> None:
     """Run ``body`` on examples of ``strategy`` with reproducible, side-effect-free settings.
 
     The example database is off and generation is derandomized, so the same policy gets the
-    same verdict on every run and machine. A failure is shrunk (fewer cycles, smaller numbers)
-    before it is reported, so the context in the message is a minimal one to paste into a
-    test; shrinking costs a second or two, and only when a check fails.
+    same verdict and the same reported context on every run and machine. A failure is shrunk
+    (fewer cycles, smaller numbers), at most ``MAX_SHRINKS`` times, before it is reported, so the
+    context in the message is a small one to paste into a test and a failing check ends in seconds.
     """
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis.errors import Flaky
@@ -289,7 +317,8 @@ def _for_all(strategy: Any, body: Callable[[Any], None], *, max_examples: int, s
         suppress_health_check=list(HealthCheck),
     )(given(strategy)(body))
     try:
-        runner()
+        with _shrink_limit(MAX_SHRINKS):
+            runner()
     except PolicyCheckFailure as exc:
         # Hypothesis attaches the whole generated run as a note; the message already shows the
         # context that failed, and pages of repr would bury it.
