@@ -265,3 +265,21 @@ def test_missing_required_metrics_and_unknown_policy_are_one_line(tmp_path):
 def test_decode_config_c_half_is_what_the_fit_inverts():
     # The fit divides by c / (c + c_half): keep the workload's definition in sight.
     assert DecodeConfig().c_half == pytest.approx(9.0)
+
+
+def test_costs_from_another_run_fill_the_switch_costs_a_static_run_lacks(tmp_path):
+    other = tmp_path / "dyn"
+    other.mkdir()
+    engine = {"sleep": {"count": 4, "total_s": 0.8, "max_s": 0.3, "failures": 0}}
+    (other / "report.json").write_text(json.dumps({"operations": {"engine": engine}}))
+    r = _cli("scenario", "fit", str(TINY), "--costs-from", str(other), "--json", "-")
+    assert r.exit_code == 0, r.output
+    payload = json.loads(r.stdout)
+    assert payload["scenario"]["costs"]["sleep_s"] == pytest.approx(0.2)
+    assert "--costs-from" in payload["notes"]["costs.sleep_s"]
+    # wake_up is in neither report: still a named default.
+    assert any("costs.wake_up_s" in m for m in payload["missing"])
+    assert not any("costs.sleep_s" in m for m in payload["missing"])
+    _one_error_line(
+        _cli("scenario", "fit", str(TINY), "--costs-from", str(tmp_path / "none")), "--costs-from", "no such"
+    )

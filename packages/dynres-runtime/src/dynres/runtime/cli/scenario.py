@@ -23,6 +23,13 @@ _config_option = click.option(
     help="The run's dynres or verl config (batch, staleness, cluster split); default: config.json "
     "next to a dynres metrics.jsonl. Needed for verl metrics, which do not log the config.",
 )
+_costs_option = click.option(
+    "--costs-from",
+    "costs_from",
+    metavar="RUN",
+    help="Another dynres run (its --out directory or report.json) on the same engines: switch costs "
+    "(sleep, wake_up, abort, offload, onload) METRICS lacks come from its engine timings.",
+)
 _set_option = click.option(
     "--set",
     "sets",
@@ -33,16 +40,19 @@ _set_option = click.option(
 )
 
 
-def _fit(metrics: str, config_file: str | None, sets: tuple[str, ...]) -> tuple[Any, dict[str, Any]]:
+def _fit(
+    metrics: str, config_file: str | None, sets: tuple[str, ...], costs_from: str | None
+) -> tuple[Any, dict[str, Any]]:
     """Read, fit and validate (with the overrides) before anything else runs."""
     from dynres.core.config import parse_set_items
     from dynres.runtime.sim.fit import config_from_file, fit_scenario
-    from dynres.runtime.sim.metrics_io import read_metrics
+    from dynres.runtime.sim.metrics_io import read_metrics, read_report
 
     overrides = parse_set_items(sets)
     config, source = config_from_file(config_file) if config_file else (None, "")
+    other, other_src = read_report(costs_from, what="--costs-from") if costs_from else (None, "")
     run = read_metrics(metrics, what="METRICS")
-    fit = fit_scenario(run, config=config, config_source=source)
+    fit = fit_scenario(run, config=config, config_source=source, costs_from=other, costs_source=other_src)
     fit.load(overrides)  # a bad --set fails here, named
     return fit, overrides
 
@@ -56,10 +66,16 @@ def command() -> None:
 @click.argument("metrics", metavar="METRICS")
 @click.option("--out", "out", metavar="FILE", help="Write the scenario YAML to FILE (default: stdout).")
 @_config_option
+@_costs_option
 @_set_option
 @json_option("the fitted scenario, the provenance of each key and the missing metrics")
 def fit_command(
-    metrics: str, out: str | None, config_file: str | None, sets: tuple[str, ...], json_dest: str | None
+    metrics: str,
+    out: str | None,
+    config_file: str | None,
+    costs_from: str | None,
+    sets: tuple[str, ...],
+    json_dest: str | None,
 ) -> None:
     """Fit a scenario to METRICS: dynres run's metrics.jsonl (or its --out directory) or verl's file-logger JSONL.
 
@@ -75,7 +91,7 @@ def fit_command(
         check_output_file(Path(out), "--out")
     if json_dest not in (None, STDOUT):
         check_output_file(Path(json_dest), "--json")
-    fit, overrides = _fit(metrics, config_file, sets)
+    fit, overrides = _fit(metrics, config_file, sets, costs_from)
     if overrides:
         fit.scenario = fit.load(overrides).model_dump(exclude={"name"})
     text = fit.to_yaml()
@@ -118,6 +134,7 @@ def fit_command(
     help="A policy to predict the run with (name, module:Class or file.py:Class). Repeatable.",
 )
 @_config_option
+@_costs_option
 @_set_option
 @click.option(
     "--seeds",
@@ -132,6 +149,7 @@ def compare_command(
     metrics: str,
     policies: tuple[str, ...],
     config_file: str | None,
+    costs_from: str | None,
     sets: tuple[str, ...],
     n_seeds: int,
     json_dest: str | None,
@@ -151,7 +169,7 @@ def compare_command(
     if json_dest not in (None, STDOUT):
         check_output_file(Path(json_dest), "--json")
     check_policies(policies)
-    fit, overrides = _fit(metrics, config_file, sets)
+    fit, overrides = _fit(metrics, config_file, sets, costs_from)
     cmp = predict(fit, policies, seeds=n_seeds, overrides=overrides)
     _print_comparison(cmp, human_console(json_dest))
     if json_dest:

@@ -121,6 +121,8 @@ class _Builder:
     """Accumulates the scenario mapping with a note per key and the list of missing metrics."""
 
     def __init__(self) -> None:
+        self.costs_from: Mapping[str, Any] | None = None
+        self.costs_source = ""
         self.raw: dict[str, Any] = {}
         self.notes: dict[str, str] = {}
         self.missing: list[str] = []
@@ -219,8 +221,19 @@ def _op_mean(report: Mapping[str, Any] | None, op: str) -> tuple[float, int] | N
     return float(st["total_s"]) / int(st["count"]), int(st["count"])
 
 
-def fit_scenario(run: RunMetrics, *, config: Mapping[str, Any] | None = None, config_source: str = "") -> FitResult:
+def fit_scenario(
+    run: RunMetrics,
+    *,
+    config: Mapping[str, Any] | None = None,
+    config_source: str = "",
+    costs_from: Mapping[str, Any] | None = None,
+    costs_source: str = "",
+) -> FitResult:
     """Fit a scenario to ``run``; ``config`` (a dynres or verl config mapping) replaces the run's own.
+
+    ``costs_from`` is another dynres run's report.json (same engines): the switch operations
+    ``run`` never performed (sleep, wake_up, abort, offload, onload) take their mean durations
+    from it instead of the defaults; ``costs_source`` names it in the comments.
 
     Raises MetricsError when the run has fewer than MIN_CYCLES cycles or lacks the metrics
     every fit needs (a cycle time, and response lengths).
@@ -233,6 +246,7 @@ def fit_scenario(run: RunMetrics, *, config: Mapping[str, Any] | None = None, co
             "let the run go on longer"
         )
     b = _Builder()
+    b.costs_from, b.costs_source = costs_from, costs_source or "another run's report.json"
     cfg = _dynres_config(run.config, run.config_source)
     csrc = f"run config ({Path(run.config_source).name})" if cfg is not None else ""
     if run.format == DYNRES:
@@ -559,21 +573,33 @@ def _fit_dynres(run: RunMetrics, cfg: DynresConfig | None, csrc: str, b: _Builde
             b.set("costs.weight_sync_s", round(upd[0], 6), f"[M] report.json update_weights mean, n={upd[1]} calls")
         else:
             b.default("costs.weight_sync_s", "weight_sync_s (record) or update_weights (report.json)")
-    for key, op in (
-        ("costs.sleep_s", "sleep"),
-        ("costs.wake_up_s", "wake_up"),
-        ("costs.abort_s", "abort"),
-        ("costs.trainer_offload_s", "offload"),
-        ("costs.trainer_onload_s", "onload"),
-    ):
-        got = _op_mean(report, op)
-        if got:
-            b.set(key, round(got[0], 6), f"[M] report.json {op} mean, n={got[1]} calls")
-        else:
-            b.default(key, f"{op} timings (no {op} call in report.json)")
+    _switch_costs(b, report, "no {op} call in report.json")
     measured = float(report.get("end_to_end_s") or cycles[-1]["end_s"])
     first = float(cycles[0]["start_s"])
     return _result(run, b, measured, first, str(_get(b, "async_training.dynamic_schedule_policy")))
+
+
+SWITCH_OPS: tuple[tuple[str, str], ...] = (
+    ("costs.sleep_s", "sleep"),
+    ("costs.wake_up_s", "wake_up"),
+    ("costs.abort_s", "abort"),
+    ("costs.trainer_offload_s", "offload"),
+    ("costs.trainer_onload_s", "onload"),
+)
+"""Scenario cost key and engine operation of each switch step (seconds each)."""
+
+
+def _switch_costs(b: _Builder, report: Mapping[str, Any] | None, why_missing: str) -> None:
+    """Switch costs from the run's report.json, else from --costs-from's, else the defaults."""
+    for key, op in SWITCH_OPS:
+        got = _op_mean(report, op)
+        other = _op_mean(b.costs_from, op)
+        if got:
+            b.set(key, round(got[0], 6), f"[M] report.json {op} mean, n={got[1]} calls")
+        elif other:
+            b.set(key, round(other[0], 6), f"[M] {b.costs_source} {op} mean, n={other[1]} calls (--costs-from)")
+        else:
+            b.default(key, f"{op} timings ({why_missing.format(op=op)})")
 
 
 # ---- verl ------------------------------------------------------------------------------------------
@@ -697,16 +723,7 @@ def _fit_verl(run: RunMetrics, cfg: DynresConfig | None, csrc: str, b: _Builder)
     else:
         b.default("costs.weight_sync_s", "timing_s/param_sync")
     b.set("costs.export_weights_s", 0.0, "included in weight_sync_s (verl times the whole sync)")
-    for key in (
-        "costs.sleep_s",
-        "costs.wake_up_s",
-        "costs.abort_s",
-        "costs.trainer_offload_s",
-        "costs.trainer_onload_s",
-    ):
-        b.default(
-            key, f"{key.split('.')[1].removesuffix('_s')} timings (verl prints switch times but does not log them)"
-        )
+    _switch_costs(b, None, "verl prints switch times but does not log them")
     measured = sum(cycle_times)
     policy = str(_get(b, "async_training.dynamic_schedule_policy"))
     return _result(run, b, measured, 0.0, policy)

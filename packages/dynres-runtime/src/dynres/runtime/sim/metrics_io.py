@@ -104,6 +104,27 @@ def _load_lines(path: Path, what: str) -> list[tuple[int, Any]]:
     return rows
 
 
+def read_report(path: str | Path, *, what: str = "report") -> tuple[dict[str, Any], str]:
+    """A dynres ``report.json`` (or the one in a ``dynres run --out`` directory) and its path.
+
+    Raises MetricsError naming the file when it is missing, not JSON or has no engine timings.
+    """
+    p = Path(path)
+    if p.is_dir():
+        p = p / "report.json"
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise MetricsError(
+            f"{what} {p}: no such file; give a `dynres run --out` directory or its report.json"
+        ) from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise MetricsError(f"{what} {p}: not a readable JSON report ({exc}); give a dynres run's report.json") from None
+    if not isinstance(data, dict) or not isinstance((data.get("operations") or {}).get("engine"), dict):
+        raise MetricsError(f"{what} {p}: no operations.engine timings; give the report.json a `dynres run` wrote")
+    return data, str(p)
+
+
 def detect_format(first: Any) -> str | None:
     """``dynres``, ``verl`` or None for a first record of neither format."""
     if not isinstance(first, dict):
