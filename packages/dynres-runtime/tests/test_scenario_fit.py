@@ -283,3 +283,18 @@ def test_costs_from_another_run_fill_the_switch_costs_a_static_run_lacks(tmp_pat
     _one_error_line(
         _cli("scenario", "fit", str(TINY), "--costs-from", str(tmp_path / "none")), "--costs-from", "no such"
     )
+
+
+def test_length_noise_without_a_trend_is_not_fitted_as_drift(tmp_path):
+    lines = [json.loads(x) for x in VERL.read_text().splitlines()]
+    wobble = [2000, 2090, 1930, 2050, 1960, 2070, 1920, 2040, 1990, 1980]
+    for rec in lines:
+        if "response_length/mean" in rec["data"]:
+            rec["data"]["response_length/mean"] = wobble[rec["step"] - 1]
+    p = tmp_path / "flat.jsonl"
+    p.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    fit = fit_scenario(read_metrics(p), config=yaml.safe_load(VERL_CFG.read_text()))
+    assert fit.load().workload.response.growth_per_step == 0.0
+    assert "not significant" in fit.notes["workload.response.growth_per_step"]
+    # The real trend of the fixture (+1%/cycle) is kept.
+    assert fit_scenario(read_metrics(VERL)).load().workload.response.growth_per_step > 0.005
