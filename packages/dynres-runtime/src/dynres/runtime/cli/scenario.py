@@ -54,6 +54,13 @@ def _fit(
     run = read_metrics(metrics, what="METRICS")
     fit = fit_scenario(run, config=config, config_source=source, costs_from=other, costs_source=other_src)
     fit.load(overrides)  # a bad --set fails here, named
+    if overrides:
+        from dynres.core.config import apply_overrides
+
+        fit.scenario = apply_overrides(fit.scenario, overrides)
+        for key, value in overrides.items():
+            fit.notes[key] = f"--set {key}={value}"
+            fit.missing = [m for m in fit.missing if f"-> {key} =" not in m]
     return fit, overrides
 
 
@@ -91,9 +98,8 @@ def fit_command(
         check_output_file(Path(out), "--out")
     if json_dest not in (None, STDOUT):
         check_output_file(Path(json_dest), "--json")
-    fit, overrides = _fit(metrics, config_file, sets, costs_from)
-    if overrides:
-        fit.scenario = fit.load(overrides).model_dump(exclude={"name"})
+    fit, _ = _fit(metrics, config_file, sets, costs_from)
+
     text = fit.to_yaml()
     console = human_console(json_dest)
     if out:
