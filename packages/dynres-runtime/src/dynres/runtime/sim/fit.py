@@ -135,15 +135,19 @@ class _Builder:
         node[last] = value
         self.notes[dotted] = note
 
-    def default(self, dotted: str, metric: str) -> Any:
-        """Use the scenario's default for ``dotted`` because ``metric`` is missing; return it."""
+    def default(self, dotted: str, metric: str, *, listed: bool = True) -> Any:
+        """Use the scenario's default for ``dotted`` because ``metric`` is missing; return it.
+
+        ``listed``: also name it in :attr:`missing` (False when the caller reports it otherwise).
+        """
         value: Any = Scenario()
         for part in dotted.split("."):
             value = value[part] if isinstance(value, Mapping) else getattr(value, part)
         if hasattr(value, "model_dump"):
             value = value.model_dump()
         self.set(dotted, value, f"DEFAULT: missing {metric}")
-        self.missing.append(f"{metric} -> {dotted} = {_scalar(value)}")
+        if listed:
+            self.missing.append(f"{metric} -> {dotted} = {_scalar(value)}")
         return value
 
 
@@ -488,15 +492,16 @@ def _fit_dynres(run: RunMetrics, cfg: DynresConfig | None, csrc: str, b: _Builde
     # Replica speed.
     n = int(_get(b, "actor_rollout_ref.rollout.n"))
     prompt = float(_get(b, "workload.prompt_tokens"))
+    # Reported as one missing line: both need a run at more than one concurrency.
     prefill = b.default(
-        "workload.decode.prefill_cost", "prefill timing (not separable from decode in per-cycle metrics)"
+        "workload.decode.prefill_cost", "prefill timing (not separable from decode in per-cycle metrics)", listed=False
     )
-    b.default("workload.decode.lone_request_fraction", "throughput at several concurrencies (the run keeps one)")
-    b.missing.pop()  # reported once below, with the reason it cannot be fitted
-    b.missing.pop()
+    lone = b.default(
+        "workload.decode.lone_request_fraction", "throughput at several concurrencies (the run keeps one)", listed=False
+    )
     b.missing.append(
         f"prefill and single-request speed -> workload.decode.prefill_cost = {prefill:g}, "
-        "workload.decode.lone_request_fraction = 0.1 (a run at one concurrency cannot separate them)"
+        f"workload.decode.lone_request_fraction = {lone:g} (a run at one concurrency cannot separate them)"
     )
     sc_now = load_scenario(b.raw)
     standalone = sc_now.num_standalone_replicas
@@ -547,8 +552,8 @@ def _fit_dynres(run: RunMetrics, cfg: DynresConfig | None, csrc: str, b: _Builde
             "dynamic_resource/train_compute_time_s) in the records; re-run with this dynres version"
         )
     _fit_steps_s(b, times, tokens, b.raw, "train_step call")
-    b.default("workload.train.phase_fractions", "per-phase trainer times (the record has their sum only)")
-    b.missing.pop()  # phases only split the utilization metric, never a duration: not worth a warning
+    # Phases only split the utilization metric, never a duration: commented, not listed as missing.
+    b.default("workload.train.phase_fractions", "per-phase trainer times (the record has their sum only)", listed=False)
 
     # Costs.
     syncs = run.series("weight_sync_s")
