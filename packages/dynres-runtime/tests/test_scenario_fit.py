@@ -210,6 +210,10 @@ def test_simulated_steps_carry_the_same_batch_record():
     assert step["batch/samples"] == sc.step_required_samples
     assert step["batch/responses"] == sc.step_required_samples * sc.responses_per_sample
     assert step["batch/prompt_tokens_mean"] == sc.workload.prompt_tokens
+    # The cycle's weight sync is the export plus one replica update (replicas load in parallel).
+    assert step["weight_sync_s"] == pytest.approx(sc.costs.export_weights_s + sc.costs.weight_sync_s, rel=0.01)
+    assert len(step["train_step_times"]) == sc.async_training.trigger_parameter_sync_step
+    assert sum(step["train_step_times"]) == pytest.approx(step["dynamic_resource/train_compute_time_s"], rel=1e-6)
 
 
 # ---- CLI ---------------------------------------------------------------------------------------------
