@@ -31,7 +31,9 @@ assert set(rows) == {"static_fully_async", *sys.argv[2].split(",")}, rows.keys()
 for r in rows.values():
     assert r["predicted_s"] > 0 and r["measured_s"] > 0, r
     print(f"[fidelity] {r['policy']:<20} predicted {r['predicted_s']:7.2f} s  measured {r['measured_s']:7.2f} s  "
-          f"error {r['error'] * 100:+6.1f}%")
+          f"error {r['error'] * 100:+6.1f}%"
+          + (f"  (with the measured switch costs: {r['error_with_switch_costs'] * 100:+6.1f}%)"
+             if r["error_with_switch_costs"] is not None else ""))
 print(f"[fidelity] ranking predicted {result['ranking_predicted']} measured {result['ranking_measured']}")
 for name, ok in result["targets"].items():
     print(f"[fidelity] {'PASS' if ok else 'FAIL'}  {name}  (target, not a CI failure)")
