@@ -15,7 +15,7 @@ import click
 
 from dynres.core.errors import DynresError
 
-COMMAND_MODULES: tuple[str, ...] = ("simulate", "run", "policies", "config")
+COMMAND_MODULES: tuple[str, ...] = ("simulate", "run", "scenario", "policies", "config")
 """Modules of ``dynres.runtime.cli`` whose ``command`` is registered on :data:`main`, in order."""
 
 EXIT_DYNRES_ERROR = 2

@@ -46,7 +46,7 @@ from dynres.runtime.loop.controller import Controller
 from dynres.runtime.loop.decisions import DecisionGuard, DecisionRecord
 from dynres.runtime.loop.ops import OpRunner
 from dynres.runtime.loop.queue import MessageQueue
-from dynres.runtime.loop.report import CycleReport
+from dynres.runtime.loop.report import CycleReport, batch_stats
 from dynres.runtime.loop.rollouter import Rollouter
 from dynres.runtime.loop.tracker import CycleMeasurements, RunTracker
 from dynres.runtime.protocols import Replica, TrainEngine, WeightUpdate
@@ -128,6 +128,8 @@ class _Cycle:
     moved: int = 0
     sync_s: float = 0.0
     queue_size_end: int = 0
+    train_step_times: list[float] = field(default_factory=list)
+    trained: list[Any] = field(default_factory=list)
 
 
 class TrainerLoop:
@@ -240,6 +242,8 @@ class TrainerLoop:
             ts = w.now()
             result = await self._train(batch)
             c.train_call_s += w.now() - ts
+            c.train_step_times.append(w.now() - ts)
+            c.trained.extend(batch)
             c.train_metrics = dict(result.metrics)
             c.collections.append(
                 _Collection(
@@ -386,6 +390,9 @@ class TrainerLoop:
             deactivate_duration_s=c.deactivate_s,
             train_metrics=c.train_metrics,
             decisions=c.decisions,
+            weight_sync_s=c.sync_s,
+            train_step_times=list(c.train_step_times),
+            batch=batch_stats(c.trained),
         )
         try:
             w.pm.hook.dynres_metrics_emitted(step=report.step, metrics=dict(metrics))

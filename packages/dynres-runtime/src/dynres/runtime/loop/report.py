@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,6 +70,12 @@ class CycleReport:
     """The train engine's metrics of the cycle's last fit step."""
     decisions: list[DecisionRecord] = field(default_factory=list)
     """Policy decisions made during the cycle, in order."""
+    weight_sync_s: float = 0.0
+    """Duration of the cycle's weight sync: export plus loading into the standalone replicas (seconds)."""
+    train_step_times: list[float] = field(default_factory=list)
+    """Duration of each train_step call of the cycle, in order (seconds)."""
+    batch: dict[str, float] = field(default_factory=dict)
+    """What the cycle trained on, from :func:`batch_stats` (keys in BATCH_KEYS; empty = not measured)."""
 
     def to_record(self) -> dict[str, Any]:
         """The cycle as one flat record: ``metrics.jsonl`` of ``dynres run``, ``steps`` of ``dynres simulate``.
@@ -104,8 +111,73 @@ class CycleReport:
             weight_version=self.weight_version,
             activate_duration_s=self.activate_duration_s,
             deactivate_duration_s=self.deactivate_duration_s,
+            weight_sync_s=self.weight_sync_s,
+            train_step_times=list(self.train_step_times),
         )
+        rec.update({f"{BATCH_PREFIX}{k}": v for k, v in self.batch.items()})
         return rec
+
+
+BATCH_PREFIX = "batch/"
+"""Prefix of the :func:`batch_stats` keys in a per-cycle record."""
+BATCH_KEYS: tuple[str, ...] = (
+    "samples",
+    "responses",
+    "prompt_tokens_mean",
+    "response_tokens_mean",
+    "response_tokens_max",
+    "response_log_tokens_mean",
+    "response_log_tokens_std",
+    "response_log_group_share",
+    "sample_gen_s_mean",
+    "sample_gen_s_max",
+    "sample_aborts",
+)
+"""Keys of :func:`batch_stats`, in order (recorded as ``batch/<key>``)."""
+
+
+def batch_stats(samples: Sequence[Any]) -> dict[str, float]:
+    """Shape of the samples a cycle trained on: counts, token lengths, generation latency.
+
+    ``samples`` are :class:`dynres.runtime.samples.Sample` objects (anything with ``group``,
+    ``responses``, ``started_s``, ``finished_s``). Keys (BATCH_KEYS): samples and responses
+    (count); mean prompt tokens and mean/max response tokens (tokens); mean and standard
+    deviation of log(response tokens) (nats); the share of that log-variance between prompt
+    groups (fraction; 0 with fewer than 2 groups); mean/max seconds from a sample's admission
+    to its last response (seconds); aborts of its requests (count). Empty when ``samples`` is.
+    """
+    if not samples:
+        return {}
+    lens: list[list[float]] = []
+    prompts = []
+    gen = []
+    aborts = 0
+    for s in samples:
+        lens.append([max(1.0, float(len(r.token_ids))) for r in s.responses])
+        prompts.append(float(len(s.group.prompt_token_ids)))
+        gen.append(max(0.0, float(s.finished_s) - float(s.started_s)))
+        aborts += int(getattr(s, "aborts", 0))
+    flat = [x for group in lens for x in group]
+    logs = [[math.log(x) for x in group] for group in lens]
+    flat_logs = [x for group in logs for x in group]
+    mu = sum(flat_logs) / len(flat_logs)
+    var = sum((x - mu) ** 2 for x in flat_logs) / len(flat_logs)
+    # Between-group share of the log-variance: what the workload calls group_correlation.
+    between = sum(len(g) * (sum(g) / len(g) - mu) ** 2 for g in logs if g) / len(flat_logs)
+    share = between / var if var > 0 and len(logs) > 1 else 0.0
+    return {
+        "samples": float(len(samples)),
+        "responses": float(len(flat)),
+        "prompt_tokens_mean": sum(prompts) / len(prompts),
+        "response_tokens_mean": sum(flat) / len(flat),
+        "response_tokens_max": max(flat),
+        "response_log_tokens_mean": mu,
+        "response_log_tokens_std": math.sqrt(var),
+        "response_log_group_share": min(1.0, share),
+        "sample_gen_s_mean": sum(gen) / len(gen),
+        "sample_gen_s_max": max(gen),
+        "sample_aborts": float(aborts),
+    }
 
 
 @dataclass

@@ -41,6 +41,7 @@ from dynres.runtime.realrun.engines import (
 )
 from dynres.runtime.realrun.output import (
     BACKEND_FILE,
+    CONFIG_FILE,
     METRICS_FILE,
     PLOTS_DIR,
     REPORT_FILE,
@@ -48,6 +49,7 @@ from dynres.runtime.realrun.output import (
     operations_lines,
     reward_key,
     write_backend,
+    write_config,
     write_report,
 )
 
@@ -113,6 +115,7 @@ def execute(
     load_run_policy(cfg)  # a bad policy name or params fails here, before anything starts
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    write_config(out, cfg)
     model_path = prepare_model(cfg, out)
     backend: dict[str, Any] = {
         "runtime": cfg.engines.runtime,
@@ -165,6 +168,7 @@ def execute(
 
 __all__ = [
     "BACKEND_FILE",
+    "CONFIG_FILE",
     "CYCLE_MEAN_PREFIX",
     "METRICS_FILE",
     "REPORT_FILE",

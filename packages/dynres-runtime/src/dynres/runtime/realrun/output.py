@@ -15,6 +15,8 @@ REPORT_FILE = "report.json"
 """The RunReport (same payload as ``dynres run --json``)."""
 BACKEND_FILE = "backend.json"
 """Where things ran: nodes, engine start times, event-loop lag of every actor, lost replicas."""
+CONFIG_FILE = "config.json"
+"""The run's resolved configuration (RunConfig, overrides applied); ``dynres scenario fit`` reads it."""
 PLOTS_DIR = "plots"
 """Subdirectory of the output directory that holds the plots."""
 
@@ -68,6 +70,11 @@ class MetricsSink:
     def close(self) -> None:
         """Close the file (every record written so far stays)."""
         self._fh.close()
+
+
+def write_config(out_dir: Path, config: Any) -> None:
+    """Write ``config.json``: the resolved RunConfig (a pydantic model) the run was started with."""
+    (out_dir / CONFIG_FILE).write_text(json.dumps(config.model_dump(mode="json"), indent=2))
 
 
 def write_backend(out_dir: Path, backend: Mapping[str, Any]) -> None:
