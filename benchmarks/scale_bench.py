@@ -359,7 +359,7 @@ def main() -> int:
 
     ref = statistics.median(routing_rate(decisions=100_000) for _ in range(3))
     print(
-        f"machine speed now: runtime_bench's routing (10,000 in flight, 64 replicas, its own gc.disable()) runs "
+        f"machine speed now: runtime_bench's routing (10,000 in flight, 64 replicas) runs "
         f"{ref:,.0f} decisions/s here; issue 15 measured 193,000-279,000 on a quiet 2-core machine"
     )
     print()

@@ -77,6 +77,7 @@ class LoadBalancer:
         partial_rollout: bool = True,
         max_failed_attempts: int = 8,
         retry_batch: int = 32,
+        completed_window: int = 100_000,
         on_change: Callable[[], None] | None = None,
         on_replica_failure: Callable[[str, BaseException], None] | None = None,
     ) -> None:
@@ -90,6 +91,9 @@ class LoadBalancer:
         :param retry_batch: most retries routed per event-loop iteration (count); a
             deactivation that aborts thousands of requests at once is spread over iterations so
             the loop stays responsive.
+        :param completed_window: completed request ids remembered to catch a request completing
+            twice (count); between ``completed_window`` and twice that many are kept, the oldest
+            go first, so memory stays bounded however long the run.
         :param on_change: called after every add/remove (the rollouter recomputes its capacity).
         :param on_replica_failure: called with (replica_id, error) whenever a replica raises during
             generation; the balancer has already removed it from routing.
@@ -128,7 +132,12 @@ class LoadBalancer:
         self._unstick: set[str] = set()
         self._tasks: dict[str, asyncio.Task[object]] = {}
         self._evicting: set[str] = set()
+        # Ids of completed requests in two generations: lookups check both; when the newer one
+        # fills up it becomes the older one and the old one is dropped (O(1), bounded memory).
+        self.completed_window = max(1, completed_window)
+        """Completed request ids remembered for duplicate detection (count, at least)."""
         self._completed: set[str] = set()
+        self._completed_old: set[str] = set()
         self._available: asyncio.Event | None = None
         self._idle_waiters: dict[str, list[asyncio.Future[None]]] = {}
         self._all_idle_waiters: list[asyncio.Future[None]] = []
@@ -404,9 +413,7 @@ class LoadBalancer:
                 self._tasks.pop(req.request_id, None)
                 self.release(req.request_id)
             if not result.aborted:
-                if req.request_id in self._completed:
-                    self.counters.duplicates += 1
-                self._completed.add(req.request_id)
+                self._note_completed(req.request_id)
                 self.counters.completed += 1
                 return result
             self.counters.aborted += 1
@@ -415,6 +422,20 @@ class LoadBalancer:
                 return result if len(result.token_ids) >= len(req.partial_token_ids) else _parked(req)
             req = self._retry_request(req, result)
             await self._retry_slot()
+
+    def _note_completed(self, request_id: str) -> None:
+        """Remember ``request_id`` as completed; count a duplicate if it completed before."""
+        if request_id in self._completed or request_id in self._completed_old:
+            self.counters.duplicates += 1
+        self._completed.add(request_id)
+        if len(self._completed) >= self.completed_window:
+            self._completed_old = self._completed
+            self._completed = set()
+
+    @property
+    def completed_remembered(self) -> int:
+        """Completed request ids kept for duplicate detection now (count; at most twice the window)."""
+        return len(self._completed) + len(self._completed_old)
 
     async def _retry_slot(self) -> None:
         """Wait for one of the ``retry_batch`` retry slots of the current loop iteration."""

@@ -11,7 +11,10 @@ loop, far above the 10 ms lag a deactivation may add. Two steps keep those pause
    moves every object that exists before the first cycle (modules, models, clients, replicas)
    into the permanent generation, which no collection scans again. It is undone when the run
    ends (the last run, when several share the process), so frozen objects that die afterwards
-   are collected as usual.
+   are collected as usual, unless the host program had frozen objects itself before the run:
+   CPython can only unfreeze everything at once (``gc.unfreeze()``), which would undo the
+   host's own freeze, so the runtime then leaves its objects frozen too (they are start-up
+   objects that live as long as the host's; the host's next ``gc.unfreeze()`` releases both).
 2. **Transitions** (:func:`no_full_collection`, held by the controller while it activates,
    deactivates or rebalances, and by the balancer while aborted requests wait to be retried):
    full collections are deferred (young collections still run); the collector catches up after.
@@ -27,7 +30,7 @@ import gc
 from collections.abc import Iterator
 
 _NEVER = 1 << 30
-_state = {"runs": 0, "deferrals": 0}
+_state = {"runs": 0, "deferrals": 0, "host_frozen": 0}
 _saved: dict[str, int] = {}
 
 
@@ -35,6 +38,8 @@ _saved: dict[str, int] = {}
 def run_gc_policy() -> Iterator[None]:
     """Collect once and freeze the start-up objects for the run's duration (nested runs share it)."""
     if _state["runs"] == 0:
+        # Objects the host froze itself stay frozen after the run (see the module doc).
+        _state["host_frozen"] = gc.get_freeze_count()
         gc.collect()
         gc.freeze()
     _state["runs"] += 1
@@ -43,7 +48,8 @@ def run_gc_policy() -> Iterator[None]:
     finally:
         _state["runs"] -= 1
         if _state["runs"] == 0:
-            gc.unfreeze()
+            if not _state["host_frozen"]:
+                gc.unfreeze()
             if _state["deferrals"]:
                 # A balancer whose loop closed mid-burst never ends its stretch; the process
                 # must not keep full collections off after the last run.
