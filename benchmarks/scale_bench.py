@@ -168,6 +168,15 @@ async def _one_size(n_standalone: int, n_hybrid: int, in_flight: int) -> dict[st
     )
     await ctl.activate(WeightUpdate(1))
 
+    def settled(gone: Any) -> bool:
+        # Every request runs again, none waits to be handed back or retried, none is left on
+        # the replicas in ``gone``.
+        return (
+            lb.total_in_flight == in_flight
+            and not lb.requeue_pending
+            and not any(lb.in_flight(r.replica_id) for r in gone)
+        )
+
     rss0, objs0 = _rss_bytes(), len(gc.get_objects())
     prompt = range(8)
     tasks = [
@@ -189,7 +198,8 @@ async def _one_size(n_standalone: int, n_hybrid: int, in_flight: int) -> dict[st
     t0, c0 = time.perf_counter(), time.thread_time()
     await ctl.deactivate()
     deact_s = time.perf_counter() - t0
-    await _wait_until(lambda: lb.total_in_flight == in_flight)
+    # The re-queue of the aborted requests may go on after the deactivation returned.
+    await _wait_until(lambda: settled(hybrid))
     deact_cpu_s = time.thread_time() - c0
     deact_max, deact_p99, deact_wall = mon.summary()
     settle_deact_s = time.perf_counter() - t0
@@ -199,7 +209,7 @@ async def _one_size(n_standalone: int, n_hybrid: int, in_flight: int) -> dict[st
     t0, c0 = time.perf_counter(), time.thread_time()
     await ctl.activate(WeightUpdate(2))
     moved_in = await ctl.rebalance()
-    await _wait_until(lambda: lb.total_in_flight == in_flight)
+    await _wait_until(lambda: settled(()))
     act_s = time.perf_counter() - t0
     act_cpu_s = time.thread_time() - c0
     act_max, act_p99, act_wall = mon.summary()
