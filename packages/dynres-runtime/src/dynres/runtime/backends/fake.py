@@ -157,7 +157,7 @@ class _FaultsMixin:
         ]
 
 
-class _GenFuture(asyncio.Future):  # type: ignore[type-arg]
+class _GenFuture(asyncio.Future):
     """The future of one request; cancelling it ends the request on its replica."""
 
     gen: _Gen | None = None
