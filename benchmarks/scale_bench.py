@@ -168,6 +168,15 @@ async def _one_size(n_standalone: int, n_hybrid: int, in_flight: int) -> dict[st
     )
     await ctl.activate(WeightUpdate(1))
 
+    def settled(gone: Any) -> bool:
+        # Every request runs again, none waits to be handed back or retried, none is left on
+        # the replicas in ``gone``.
+        return (
+            lb.total_in_flight == in_flight
+            and not lb.requeue_pending
+            and not any(lb.in_flight(r.replica_id) for r in gone)
+        )
+
     rss0, objs0 = _rss_bytes(), len(gc.get_objects())
     prompt = range(8)
     tasks = [
@@ -189,7 +198,8 @@ async def _one_size(n_standalone: int, n_hybrid: int, in_flight: int) -> dict[st
     t0, c0 = time.perf_counter(), time.thread_time()
     await ctl.deactivate()
     deact_s = time.perf_counter() - t0
-    await _wait_until(lambda: lb.total_in_flight == in_flight)
+    # The re-queue of the aborted requests may go on after the deactivation returned.
+    await _wait_until(lambda: settled(hybrid))
     deact_cpu_s = time.thread_time() - c0
     deact_max, deact_p99, deact_wall = mon.summary()
     settle_deact_s = time.perf_counter() - t0
@@ -199,7 +209,7 @@ async def _one_size(n_standalone: int, n_hybrid: int, in_flight: int) -> dict[st
     t0, c0 = time.perf_counter(), time.thread_time()
     await ctl.activate(WeightUpdate(2))
     moved_in = await ctl.rebalance()
-    await _wait_until(lambda: lb.total_in_flight == in_flight)
+    await _wait_until(lambda: settled(()))
     act_s = time.perf_counter() - t0
     act_cpu_s = time.thread_time() - c0
     act_max, act_p99, act_wall = mon.summary()
@@ -259,35 +269,43 @@ def child_sim() -> dict[str, Any]:
     }
 
 
-ABORT_CHUNK = 8
-"""Abort outputs one FakeReplica hands back per loop iteration (its ``abort_chunk`` default)."""
+def _row_lag(r: dict[str, Any]) -> float:
+    """The largest lag of a row, deactivation or activation + rebalance (ms)."""
+    return max(r["deact_lag_max_ms"], r["act_lag_max_ms"])
 
 
 def _model(rows: list[dict[str, Any]]) -> None:
-    """docs/scaling.md's model, fitted on the smallest size, against every row and at saturation."""
-    base = rows[0]
-    c = base["deact_cpu_s"] / base["deact_moved"]  # CPU per moved request, all included
+    """docs/scaling.md's model, fitted on two rows, against every row and at saturation.
+
+    With batched aborts the re-queue puts at most ``retry_batch`` hand-backs and retries into
+    one loop iteration, so the largest iteration is one of two kinds: the one where all H
+    replicas' lifecycle calls (same latency) come back together, ``H x c_op``, or the one where
+    the per-request dictionaries (running, current attempt, attempt futures, tasks, sticky
+    sessions; same keys, same churn) are rebuilt together, ``N x c_dict``.
+    """
+    small = {(r["hybrid"], r["in_flight"]): r for r in rows}
+    h_fit = small.get((128, min(LOADS)), rows[0])
+    n_fit = small.get((16, max(LOADS)), rows[-1])
+    c_op = _row_lag(h_fit) / h_fit["hybrid"]  # ms per hybrid replica
+    c_dict = _row_lag(n_fit) / n_fit["in_flight"]  # ms per request in flight
     print()
     print(
-        f"model (docs/scaling.md): c = {c * 1e6:.1f} us CPU per moved request (fitted at "
-        f"{base['standalone']}+{base['hybrid']}, {base['in_flight']:,}); a deactivation costs moved x c of CPU "
-        f"and lags about k x H x c (k = {ABORT_CHUNK} abort outputs per replica per loop iteration)"
+        f"model (docs/scaling.md): largest lag ~ max(H x c_op, N x c_dict), c_op = {c_op * 1000:.0f} us per hybrid "
+        f"replica (fitted at {h_fit['standalone']}+{h_fit['hybrid']}, {h_fit['in_flight']:,}), c_dict = "
+        f"{c_dict * 1e6:.0f} ns per request in flight (fitted at {n_fit['standalone']}+{n_fit['hybrid']}, "
+        f"{n_fit['in_flight']:,})"
     )
-    print(f"{'S+H':>9s} {'in flight':>9s} | {'CPU s model':>11s} {'measured':>8s} | {'lag ms model':>12s} ", end="")
-    print(f"{'p99':>6s} {'max':>6s}")
+    print(f"{'S+H':>9s} {'in flight':>9s} | {'lag ms model':>12s} {'measured':>8s}")
     for r in rows:
-        cpu_model = r["deact_moved"] * c
-        lag_model = ABORT_CHUNK * r["hybrid"] * c * 1000
+        model = max(r["hybrid"] * c_op, r["in_flight"] * c_dict)
         size = f"{r['standalone']}+{r['hybrid']}"
-        print(
-            f"{size:>9s} {r['in_flight']:9,d} | {cpu_model:11.2f} {r['deact_cpu_s']:8.2f} | "
-            f"{lag_model:12.1f} {r['deact_lag_p99_ms']:6.1f} {r['deact_lag_max_ms']:6.1f}"
-        )
-    h_model = 0.010 / (ABORT_CHUNK * c)
-    measured = _crossing([(r["hybrid"], r["deact_lag_p99_ms"]) for r in rows if r["in_flight"] == min(LOADS)], 10.0)
+        print(f"{size:>9s} {r['in_flight']:9,d} | {model:12.1f} {_row_lag(r):8.1f}")
+    h_model = 10.0 / c_op
+    n_model = 10.0 / c_dict
+    measured = _crossing([(r["hybrid"], _row_lag(r)) for r in rows if r["in_flight"] == min(LOADS)], 10.0)
     print(
-        f"saturation (deactivation lag reaches 10 ms, {min(LOADS):,} in flight): model H = {h_model:.0f} hybrid "
-        f"replicas, measured H = {measured}"
+        f"saturation (largest lag reaches 10 ms): model H = {h_model:.0f} hybrid replicas at {min(LOADS):,} in "
+        f"flight, measured H = {measured}; model N = {n_model:,.0f} requests in flight"
     )
 
 
@@ -359,7 +377,7 @@ def main() -> int:
 
     ref = statistics.median(routing_rate(decisions=100_000) for _ in range(3))
     print(
-        f"machine speed now: runtime_bench's routing (10,000 in flight, 64 replicas, its own gc.disable()) runs "
+        f"machine speed now: runtime_bench's routing (10,000 in flight, 64 replicas) runs "
         f"{ref:,.0f} decisions/s here; issue 15 measured 193,000-279,000 on a quiet 2-core machine"
     )
     print()

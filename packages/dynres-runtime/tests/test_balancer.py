@@ -153,6 +153,21 @@ def test_aborted_request_completes_once_elsewhere_with_partial_output() -> None:
     asyncio.run(main())
 
 
+def test_completed_ids_stay_bounded_and_a_recent_duplicate_is_still_caught() -> None:
+    async def main() -> None:
+        a = FakeReplica("a", tokens_per_s=1e6, response_tokens=4)
+        lb = lb_with(a, completed_window=10)
+        for i in range(100):  # a long run: 100 completions through a window of 10
+            await lb.generate(req(i))
+        assert lb.completed_remembered <= 20  # memory does not grow with the run's length
+        assert lb.counters.duplicates == 0
+        await lb.generate(req(99))  # a late second completion of a recent request ...
+        assert lb.counters.duplicates == 1  # ... is still recognised as a duplicate
+        lb.check_invariants()
+
+    asyncio.run(main())
+
+
 def test_without_partial_rollout_retry_restarts_from_scratch() -> None:
     async def main() -> None:
         a = FakeReplica("a", tokens_per_s=1000, response_tokens=200)

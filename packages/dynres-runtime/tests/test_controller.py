@@ -114,6 +114,45 @@ def test_activation_order_weights_before_routable_then_resume() -> None:
     asyncio.run(main())
 
 
+def test_batched_deactivation_sleeps_at_once_and_hands_every_request_back_exactly_once() -> None:
+    async def main() -> None:
+        c = Cluster(n_hybrid=4, n_standalone=2)  # no op latency: sleep comes right after the abort
+        c.lb.retry_batch = 1  # a slow re-queue: it goes on after the replicas went to sleep
+        c.register_standalone()
+        await c.ctl.activate(UPDATE)
+        tasks = [asyncio.create_task(c.lb.generate(req(i))) for i in range(120)]
+        await asyncio.sleep(0.05)
+        on_hybrid = {r for h in c.hybrid for r in h.in_flight_ids}
+        assert len(on_hybrid) > 40
+        await c.ctl.deactivate()
+        assert all(h.sleeping and not h.in_flight_ids for h in c.hybrid)
+        results = await asyncio.gather(*tasks)
+        # ... and yet every request finished exactly once, with every token, the aborted ones
+        # continuing on a standalone replica from the output they had on a hybrid one.
+        assert sorted(r.request_id for r in results) == sorted(f"r{i}" for i in range(120))
+        done = Counter(x for r in [*c.standalone, *c.hybrid] for x in r.completed)
+        assert set(done.values()) == {1} and len(done) == 120
+        assert not any(x in on_hybrid for h in c.hybrid for x in h.completed)
+        assert all(
+            c.standalone[0].resumed_with.get(r, 0) + c.standalone[1].resumed_with.get(r, 0) > 0 for r in on_hybrid
+        )
+        assert all(list(r.token_ids) == list(range(300)) for r in results)
+        assert c.violations() == []
+        assert c.lb.requeue_pending == 0
+        c.lb.check_invariants()
+        # The replicas went to sleep before most aborted requests had started again.
+        last_sleep = max(c.idx(h.replica_id, "sleep", "start") for h in c.hybrid)
+        restarts = [
+            i
+            for i, r in enumerate(c.log)
+            if r.op == "generate" and r.event == "start" and r.target.startswith("s") and "partial=0" not in r.detail
+        ]
+        assert len(restarts) == len(on_hybrid)
+        assert sum(i > last_sleep for i in restarts) > len(on_hybrid) // 2
+
+    asyncio.run(main())
+
+
 def test_deactivation_order_cut_abort_drain_sleep_onload() -> None:
     async def main() -> None:
         c = Cluster(n_hybrid=2, latency=0.01)

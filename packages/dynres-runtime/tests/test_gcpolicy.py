@@ -62,6 +62,22 @@ def test_run_gc_policy_freezes_start_up_objects_and_undoes_it() -> None:
     assert gc.get_threshold() == before
 
 
+def test_run_gc_policy_leaves_a_freeze_of_the_host_program_in_place() -> None:
+    host_object: list[Any] = [["frozen by the host before the run"]]
+    gc.freeze()  # the host program's own start-up freeze
+    try:
+        host_count = gc.get_freeze_count()
+        assert host_count > 0 and not _in_a_generation(host_object)
+        with run_gc_policy():
+            assert gc.get_freeze_count() >= host_count
+        # The run must not unfreeze what the host froze: the object is still in no generation.
+        assert not _in_a_generation(host_object)
+        assert gc.get_freeze_count() >= host_count
+    finally:
+        gc.unfreeze()
+    assert _in_a_generation(host_object)
+
+
 def _in_a_generation(obj: Any) -> bool:
     # A frozen object is in the permanent generation, which gc.get_objects(g) does not list.
     return any(o is obj for g in range(3) for o in gc.get_objects(g))

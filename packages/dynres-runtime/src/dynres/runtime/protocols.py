@@ -9,6 +9,7 @@ per-phase timings, offload/onload, export weights), so that the ``sim``, ``ray``
 
 from __future__ import annotations
 
+import asyncio
 import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -188,6 +189,33 @@ class Replica(Protocol):
 
     async def shutdown(self) -> None:
         """Stop the engine and free its resources."""
+        ...
+
+
+class BatchedReplica(Protocol):
+    """Optional, on top of :class:`Replica`: requests as futures and an abort that answers once.
+
+    A replica that has both methods lets the load balancer take a whole deactivation's aborted
+    requests back in one reply per replica and hand them on a bounded number per loop
+    iteration, instead of one wake-up per request at the moment of the abort (what keeps the
+    coordinator's loop responsive with tens of thousands of requests in flight). Engines
+    without them keep working unchanged: the balancer then awaits ``generate`` and ``abort``.
+    """
+
+    def submit(self, request: GenerationRequest) -> asyncio.Future[GenerationResult]:
+        """Start generating ``request``; the future completes as ``generate`` would return or raise.
+
+        Cancelling the future ends the request on the replica.
+        """
+        ...
+
+    async def abort_batch(self, request_ids: Sequence[str] | None = None) -> Sequence[GenerationResult]:
+        """Abort the given requests (None = all) and return their partial results in one reply.
+
+        Each result has ``finish_reason="abort"`` and every token generated so far. The futures
+        :meth:`submit` returned for these requests never complete: the caller delivers the
+        results itself. Unknown or finished ids are left out.
+        """
         ...
 
 

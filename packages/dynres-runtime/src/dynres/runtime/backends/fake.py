@@ -115,8 +115,16 @@ class _FaultsMixin:
     log: list[OpRecord]
     violations: list[str]
 
-    def _record(self, op: str, event: Literal["start", "end", "error"], detail: str = "") -> None:
-        self.log.append(OpRecord(asyncio.get_running_loop().time(), self.target, op, event, detail))
+    def _record(
+        self,
+        op: str,
+        event: Literal["start", "end", "error"],
+        detail: str = "",
+        loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
+        # ``loop``: for events driven from outside a running loop (a test's advance()/finish()).
+        t = (loop or asyncio.get_running_loop()).time()
+        self.log.append(OpRecord(t, self.target, op, event, detail))
 
     async def _enter(self, op: str, detail: str = "") -> None:
         """Log the start, then apply the injected hang, failure and latency of ``op``."""
@@ -149,29 +157,124 @@ class _FaultsMixin:
         ]
 
 
-class _Gen:
-    # One per request in flight: a bare future to wait on instead of an asyncio.Event (which
-    # adds a deque, a coroutine and a future per wait), so 100,000 of them stay cheap.
-    __slots__ = ("aborted", "progress", "request", "target", "waiter")
+class _GenFuture(asyncio.Future):
+    """The future of one request; cancelling it ends the request on its replica."""
 
-    def __init__(self, request: GenerationRequest, target: int) -> None:
+    gen: _Gen | None = None
+
+    def cancel(self, msg: Any = None) -> bool:
+        done = super().cancel(msg)
+        gen = self.gen
+        if done and gen is not None:
+            self.gen = None
+            gen.end(None)
+        return done
+
+
+class _Gen:
+    # One per request in flight: a state machine driven by timers and wake-ups instead of a
+    # coroutine, so a request costs a future and a few fields, and an abort that hands results
+    # back in one batch needs no per-request wake-up at all.
+    __slots__ = ("aborted", "future", "progress", "remaining_s", "replica", "request", "t0", "target")
+
+    def __init__(self, replica: FakeReplica, request: GenerationRequest, target: int, future: _GenFuture) -> None:
+        self.replica = replica
         self.request = request
         # Fractional tokens: a request woken early (a stale timer, a pause) keeps the part of a
         # token it earned, so frequent wake-ups can never stall it below its length.
         self.progress = float(len(request.partial_token_ids))
         self.target = target
         self.aborted = False
-        self.waiter: asyncio.Future[None] | None = None
+        self.future = future
+        self.t0: float | None = None  # loop time the current timed stretch began (None: not running)
+        self.remaining_s = 0.0
 
-    def wake(self) -> None:
-        """Wake the generate call if it waits (a wake with nobody waiting is dropped)."""
-        w = self.waiter
-        if w is not None and not w.done():
-            w.set_result(None)
+    def produced_at(self, t: float) -> int:
+        """Tokens produced by loop time ``t`` (counting the running stretch)."""
+        p = self.progress
+        if self.t0 is not None:
+            elapsed = t - self.t0
+            p = float(self.target) if elapsed + 1e-9 >= self.remaining_s else p + elapsed * self.replica.tokens_per_s
+        return min(self.target, int(p + 1e-6))
 
     @property
     def produced(self) -> int:
         return min(self.target, int(self.progress + 1e-6))
+
+    def wake(self) -> None:
+        """Re-evaluate the request now: account its progress, then finish it or wait again."""
+        r = self.replica
+        if r._gens.get(self.request.request_id) is not self:
+            return  # finished, cancelled or handed back in a batch: a stale timer
+        loop = self.future.get_loop()
+        now = loop.time()
+        if self.t0 is not None:
+            elapsed = now - self.t0
+            # Tolerances: on a virtual clock t0 + d - t0 can come out a hair below d.
+            if elapsed + 1e-9 >= self.remaining_s:
+                self.progress = float(self.target)
+            else:
+                self.progress = min(float(self.target), self.progress + elapsed * r.tokens_per_s)
+            self.t0 = None
+        if r.dead:
+            self.end(BackendError(f"replica {r.replica_id!r} died while generating {self.request.request_id}"))
+            return
+        if self.aborted:
+            self.end(r._result(self, "abort"))
+            return
+        if self.produced >= self.target:
+            reason: FinishReason = "length" if self.target >= self.request.max_tokens else "stop"
+            r.completed.append(self.request.request_id)
+            self.end(r._result(self, reason))
+            return
+        if r.paused or r.manual:
+            return  # pause/resume, advance or finish wake it again
+        self.remaining_s = (self.target - self.progress) / r.tokens_per_s
+        self.t0 = now
+        # The timer is left to fire even when something else wakes the request first:
+        # cancelling thousands of timers at once (an abort) makes asyncio rebuild its timer
+        # heap inside one loop iteration. A stale timer only re-evaluates the request early.
+        loop.call_at(now + self.remaining_s, self.wake)
+
+    def end(self, outcome: GenerationResult | BaseException | None) -> None:
+        """Leave the replica with ``outcome`` (None: the future was cancelled)."""
+        r = self.replica
+        rid = self.request.request_id
+        if r._gens.get(rid) is not self:
+            return  # already ended, or handed back by abort_batch (its future is abandoned)
+        del r._gens[rid]
+        if r.log_generate:
+            r._record("generate", "end", f"{rid} tokens={self.produced}", self.future.get_loop())
+        fut = self.future
+        # The future and its gen point at each other: cut the cycle so that reference counting
+        # frees both (thousands of cycles per second would keep the young collections busy).
+        fut.gen = None
+        if outcome is None or fut.done():
+            return
+        if isinstance(outcome, BaseException):
+            fut.set_exception(outcome)
+        else:
+            fut.set_result(outcome)
+
+
+class _AbortedBatch(Sequence[GenerationResult]):
+    """The partial results of one ``abort_batch``, built when read (the caller reads them in chunks)."""
+
+    __slots__ = ("_at", "_gens", "_replica")
+
+    def __init__(self, replica: FakeReplica, gens: list[_Gen], at: float) -> None:
+        self._replica = replica
+        self._gens = gens
+        self._at = at
+
+    def __len__(self) -> int:
+        return len(self._gens)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self._gens)))]
+        g = self._gens[i]
+        return self._replica._result(g, "abort", g.produced_at(self._at))
 
 
 class FakeReplica(_FaultsMixin):
@@ -277,7 +380,7 @@ class FakeReplica(_FaultsMixin):
     def kill(self) -> None:
         """Die now: running requests raise BackendError, later calls too."""
         self.dead = True
-        for g in self._gens.values():
+        for g in list(self._gens.values()):
             g.wake()
 
     def advance(self, request_id: str, tokens: int = 1) -> None:
@@ -312,64 +415,56 @@ class FakeReplica(_FaultsMixin):
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         """Produce tokens at ``tokens_per_s`` until the response length, an abort or death."""
+        return await self.submit(request)
+
+    def submit(self, request: GenerationRequest) -> asyncio.Future[GenerationResult]:
+        """Start ``request``; the future completes as :meth:`generate` returns or raises."""
         rid = request.request_id
         partial = len(request.partial_token_ids)
+        loop = asyncio.get_running_loop()
+        fut = _GenFuture(loop=loop)
         if self.log_generate:
             self._record("generate", "start", f"{rid} partial={partial}")
-        self._check_alive("generate")
-        await self._inject("generate")
+        if self.dead:
+            self._record("generate", "error", "replica is dead")
+            fut.set_exception(BackendError(f"replica {self.replica_id!r} is dead; generate failed"))
+            return fut
+        if "generate" in self.hang_on:
+            fut.add_done_callback(lambda f: self._record("generate", "error", "cancelled while hanging"))
+            return fut  # never answers; a caller's timeout or eviction cancels it
+        err = self.fail_on.get("generate")
+        if err is not None:
+            exc = err(f"injected failure of generate on {self.target}") if isinstance(err, type) else err
+            self._record("generate", "error", repr(exc))
+            fut.set_exception(exc)
+            return fut
         self._arm_death()
         if self.sleeping:
             self.violations.append(f"generate({rid}) on sleeping replica {self.replica_id}")
-            raise BackendError(f"replica {self.replica_id!r} is asleep; it cannot generate {rid}")
+            fut.set_exception(BackendError(f"replica {self.replica_id!r} is asleep; it cannot generate {rid}"))
+            return fut
         if rid in self._gens:
             self.violations.append(f"generate({rid}) while it already runs on {self.replica_id}")
         if partial:
             self.resumed_with[rid] = partial
-        gen = _Gen(request, self._target_len(request))
+        gen = _Gen(self, request, self._target_len(request), fut)
+        fut.gen = gen
         self._gens[rid] = gen
-        loop = asyncio.get_running_loop()
-        try:
-            delay = self.latency["generate"]
-            if delay > 0:
-                await asyncio.sleep(delay)
-            while True:
-                if self.dead:
-                    raise BackendError(f"replica {self.replica_id!r} died while generating {rid}")
-                if gen.aborted:
-                    return self._result(gen, "abort")
-                if gen.produced >= gen.target:
-                    reason: FinishReason = "length" if gen.target >= request.max_tokens else "stop"
-                    self.completed.append(rid)
-                    return self._result(gen, reason)
-                gen.waiter = waiter = loop.create_future()
-                if self.paused or self.manual:
-                    await waiter
-                    continue
-                remaining_s = (gen.target - gen.progress) / self.tokens_per_s
-                t0 = loop.time()
-                # The timer is left to fire even when something else woke the request first:
-                # cancelling thousands of timers at once (an abort) makes asyncio rebuild its
-                # timer heap inside one loop iteration. A late timer only wakes a later wait early;
-                # the request keeps the fraction of a token it earned, and the loop checks again.
-                loop.call_at(t0 + remaining_s, gen.wake)
-                await waiter
-                elapsed = loop.time() - t0
-                # Tolerances: on a virtual clock t0 + d - t0 can come out a hair below d.
-                if elapsed + 1e-9 >= remaining_s:
-                    gen.progress = float(gen.target)
-                else:
-                    gen.progress = min(float(gen.target), gen.progress + elapsed * self.tokens_per_s)
-        finally:
-            del self._gens[rid]
-            if self.log_generate:
-                self._record("generate", "end", f"{rid} tokens={gen.produced}")
+        delay = self.latency["generate"]
+        if delay > 0:
+            loop.call_later(delay, gen.wake)  # the first token comes after the latency
+        else:
+            gen.wake()
+        return fut
 
-    def _result(self, gen: _Gen, reason: Literal["stop", "length", "abort"]) -> GenerationResult:
+    def _result(
+        self, gen: _Gen, reason: Literal["stop", "length", "abort"], produced: int | None = None
+    ) -> GenerationResult:
+        n = gen.produced if produced is None else produced
         return GenerationResult(
             request_id=gen.request.request_id,
-            token_ids=range(gen.produced),
-            logprobs=Repeat(gen.produced, -1.0),
+            token_ids=range(n),
+            logprobs=Repeat(n, -1.0),
             finish_reason=reason,
             replica_id=self.replica_id,
             weight_version=self.weight_version,
@@ -390,12 +485,38 @@ class FakeReplica(_FaultsMixin):
         self._record("abort", "end", f"{len(ids)} aborted")
         return ids
 
+    async def abort_batch(self, request_ids: Sequence[str] | None = None) -> Sequence[GenerationResult]:
+        """Abort the given requests (None = all) and return their partial results in one reply.
+
+        The requests leave the replica at once (it may sleep right after); their futures from
+        :meth:`submit` never complete. Results are built when read.
+        """
+        self._check_alive("abort")
+        await self._enter("abort", "all" if request_ids is None else f"{len(request_ids)} requests")
+        at = asyncio.get_running_loop().time()
+        if request_ids is None:
+            gens = list(self._gens.values())
+            self._gens = {}
+        else:
+            gens = []
+            for i, rid in enumerate(request_ids):
+                g = self._gens.pop(rid, None)
+                if g is not None:
+                    gens.append(g)
+                if (i + 1) % self.abort_chunk == 0:
+                    await asyncio.sleep(0)  # a big rebalance plan does not hold the loop
+        if self.log_generate:
+            for g in gens:
+                self._record("generate", "end", f"{g.request.request_id} tokens={g.produced_at(at)} (batch abort)")
+        self._record("abort", "end", f"{len(gens)} aborted")
+        return _AbortedBatch(self, gens, at)
+
     async def pause(self) -> None:
         """Stop scheduling tokens; requests are kept."""
         self._check_alive("pause")
         await self._enter("pause")
         self.paused = True
-        for g in self._gens.values():
+        for g in list(self._gens.values()):
             g.wake()
         self._record("pause", "end")
 
@@ -406,7 +527,7 @@ class FakeReplica(_FaultsMixin):
         if self.sleeping:
             self.violations.append(f"resume on sleeping replica {self.replica_id}")
         self.paused = False
-        for g in self._gens.values():
+        for g in list(self._gens.values()):
             g.wake()
         self._record("resume", "end")
 
@@ -416,7 +537,7 @@ class FakeReplica(_FaultsMixin):
         await self._enter("sleep", f"level={level}")
         if self._gens:
             self.violations.append(f"sleep on {self.replica_id} with {len(self._gens)} requests in flight")
-            for g in self._gens.values():
+            for g in list(self._gens.values()):
                 g.aborted = True
                 g.wake()
         self.paused = True
@@ -469,7 +590,7 @@ class FakeReplica(_FaultsMixin):
     async def shutdown(self) -> None:
         """Abort everything and stop."""
         await self._enter("shutdown")
-        for g in self._gens.values():
+        for g in list(self._gens.values()):
             g.aborted = True
             g.wake()
         self._record("shutdown", "end")

@@ -18,6 +18,16 @@ rollout on, continues from the tokens it already has; with partial rollout off i
 scratch. A replica that raised is taken out of routing first. A request is never running on two
 replicas at once and completes exactly once.
 
+**Batched aborts.** A replica that implements :class:`~dynres.runtime.protocols.BatchedReplica`
+(``submit`` + ``abort_batch``) runs each attempt as a future the balancer watches through one
+callback, and :meth:`LoadBalancer.abort_batch` takes all of a replica's aborted requests back in
+one reply. The results are then handed to their requests at most ``retry_batch`` per loop
+iteration (then retried, again at most ``retry_batch`` per iteration), so a deactivation of
+hundreds of replicas with tens of thousands of requests in flight never puts more than a few
+dozen request wake-ups into one loop iteration, and the replicas can sleep as soon as they have
+answered. A result is handed only to the attempt it belongs to: one that started on that replica
+before the abort and is still waiting. Other replicas are awaited as before.
+
 A replica removed while requests still run on it may be added again before they return (a
 replica back from probation): its count starts at those requests, so each one's release still
 balances; :meth:`LoadBalancer.release` of a request that is not running is a no-op.
@@ -26,10 +36,11 @@ balances; :meth:`LoadBalancer.release` of a request that is not running is a no-
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import random
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import islice, repeat
 
@@ -77,6 +88,7 @@ class LoadBalancer:
         partial_rollout: bool = True,
         max_failed_attempts: int = 8,
         retry_batch: int = 32,
+        completed_window: int = 100_000,
         on_change: Callable[[], None] | None = None,
         on_replica_failure: Callable[[str, BaseException], None] | None = None,
     ) -> None:
@@ -87,9 +99,12 @@ class LoadBalancer:
         :param partial_rollout: resume aborted requests from their partial output.
         :param max_failed_attempts: replica failures one request may hit before its error is
             raised to the caller (count; aborts do not count).
-        :param retry_batch: most retries routed per event-loop iteration (count); a
-            deactivation that aborts thousands of requests at once is spread over iterations so
-            the loop stays responsive.
+        :param retry_batch: most retries routed, and most batch-aborted results handed back, per
+            event-loop iteration (count); a deactivation that aborts thousands of requests at
+            once is spread over iterations so the loop stays responsive.
+        :param completed_window: completed request ids remembered to catch a request completing
+            twice (count); between ``completed_window`` and twice that many are kept, the oldest
+            go first, so memory stays bounded however long the run.
         :param on_change: called after every add/remove (the rollouter recomputes its capacity).
         :param on_replica_failure: called with (replica_id, error) whenever a replica raises during
             generation; the balancer has already removed it from routing.
@@ -128,7 +143,12 @@ class LoadBalancer:
         self._unstick: set[str] = set()
         self._tasks: dict[str, asyncio.Task[object]] = {}
         self._evicting: set[str] = set()
+        # Ids of completed requests in two generations: lookups check both; when the newer one
+        # fills up it becomes the older one and the old one is dropped (O(1), bounded memory).
+        self.completed_window = max(1, completed_window)
+        """Completed request ids remembered for duplicate detection (count, at least)."""
         self._completed: set[str] = set()
+        self._completed_old: set[str] = set()
         self._available: asyncio.Event | None = None
         self._idle_waiters: dict[str, list[asyncio.Future[None]]] = {}
         self._all_idle_waiters: list[asyncio.Future[None]] = []
@@ -137,6 +157,15 @@ class LoadBalancer:
         self._retry_waiters: deque[asyncio.Future[None]] = deque()
         self._retry_pump_scheduled = False
         self._retry_stretch = False
+        # request id -> (replica's future, the future its request waits on, replica id, abort
+        # serial at start) for attempts on batched replicas.
+        self._attempts: dict[
+            str, tuple[asyncio.Future[GenerationResult], asyncio.Future[GenerationResult], str, int]
+        ] = {}
+        # Batches of aborted results not yet handed back: [replica id, serial, results, next index].
+        self._handback: deque[list] = deque()
+        self._handback_pending = 0
+        self._abort_serial = 0
 
     # ---- Membership -------------------------------------------------------------------------
 
@@ -384,7 +413,10 @@ class LoadBalancer:
             if task is not None:
                 self._tasks[req.request_id] = task
             try:
-                result = await replica.generate(req)
+                if _batched(replica):
+                    result = await self._start_attempt(replica, req)
+                else:
+                    result = await replica.generate(req)
             except asyncio.CancelledError:
                 if req.request_id not in self._evicting or task is None or task.cancelling() > 1:
                     raise
@@ -402,11 +434,12 @@ class LoadBalancer:
             finally:
                 self._evicting.discard(req.request_id)
                 self._tasks.pop(req.request_id, None)
+                attempt = self._attempts.pop(req.request_id, None)
+                if attempt is not None and not attempt[0].done():
+                    attempt[0].cancel()  # evicted, cancelled, or handed back in a batch
                 self.release(req.request_id)
             if not result.aborted:
-                if req.request_id in self._completed:
-                    self.counters.duplicates += 1
-                self._completed.add(req.request_id)
+                self._note_completed(req.request_id)
                 self.counters.completed += 1
                 return result
             self.counters.aborted += 1
@@ -415,6 +448,20 @@ class LoadBalancer:
                 return result if len(result.token_ids) >= len(req.partial_token_ids) else _parked(req)
             req = self._retry_request(req, result)
             await self._retry_slot()
+
+    def _note_completed(self, request_id: str) -> None:
+        """Remember ``request_id`` as completed; count a duplicate if it completed before."""
+        if request_id in self._completed or request_id in self._completed_old:
+            self.counters.duplicates += 1
+        self._completed.add(request_id)
+        if len(self._completed) >= self.completed_window:
+            self._completed_old = self._completed
+            self._completed = set()
+
+    @property
+    def completed_remembered(self) -> int:
+        """Completed request ids kept for duplicate detection now (count; at most twice the window)."""
+        return len(self._completed) + len(self._completed_old)
 
     async def _retry_slot(self) -> None:
         """Wait for one of the ``retry_batch`` retry slots of the current loop iteration."""
@@ -448,7 +495,9 @@ class LoadBalancer:
             if not fut.done():
                 fut.set_result(None)
                 self._retry_budget -= 1
-        if waiters or self._retry_budget < self.retry_batch:
+        if self._handback:
+            self._hand_back(self.retry_batch)
+        if waiters or self._retry_budget < self.retry_batch or self._handback:
             self._schedule_retry_pump()
         elif self._retry_stretch:
             self._retry_stretch = False
@@ -462,6 +511,62 @@ class LoadBalancer:
         if len(req.partial_token_ids) == 0:
             return req
         return req.resumed((), ())
+
+    def _start_attempt(self, replica: Replica, req: GenerationRequest) -> asyncio.Future[GenerationResult]:
+        """Submit ``req`` to a batched replica; return the future its request waits on."""
+        waiter: asyncio.Future[GenerationResult] = asyncio.get_running_loop().create_future()
+        fut = replica.submit(req)  # type: ignore[attr-defined]
+        self._attempts[req.request_id] = (fut, waiter, replica.replica_id, self._abort_serial)
+        fut.add_done_callback(functools.partial(_forward, waiter))
+        return waiter
+
+    def can_batch_abort(self, replica: Replica) -> bool:
+        """True when ``replica`` answers an abort with all its partial results at once (``abort_batch``)."""
+        return _batched(replica)
+
+    async def abort_batch(self, replica: Replica, request_ids: Sequence[str] | None = None) -> bool:
+        """Abort requests on a batched replica (None = all) and hand their results back in chunks.
+
+        Returns True when every attempt the balancer counts on the replica was in the reply (it
+        may then sleep at once); False when some were not (they end on their own: wait with
+        :meth:`wait_idle`). The results reach their requests at most ``retry_batch`` per loop
+        iteration after this returns.
+        """
+        rid = replica.replica_id
+        serial = self._abort_serial
+        self._abort_serial += 1  # attempts started from now on are not part of this abort
+        results = await replica.abort_batch(request_ids)  # type: ignore[attr-defined]
+        if len(results):
+            self._handback.append([rid, serial, results, 0])
+            self._handback_pending += len(results)
+            self._schedule_retry_pump()
+        return request_ids is None and len(results) >= self.in_flight(rid)
+
+    @property
+    def requeue_pending(self) -> int:
+        """Aborted requests not yet handed back or not yet routed again (count)."""
+        return self._handback_pending + len(self._retry_waiters)
+
+    def _hand_back(self, budget: int) -> None:
+        """Deliver up to ``budget`` batch-aborted results to the attempts still waiting for them."""
+        queue, attempts = self._handback, self._attempts
+        while budget > 0 and queue:
+            item = queue[0]
+            rid, serial, results, i = item
+            end = min(len(results), i + budget)
+            for k in range(i, end):
+                res = results[k]
+                attempt = attempts.get(res.request_id)
+                # Only the attempt the result belongs to: on this replica, started before the
+                # abort, still waiting (not evicted, cancelled or retried meanwhile).
+                if attempt is not None and attempt[2] == rid and attempt[3] <= serial and not attempt[1].done():
+                    attempt[1].set_result(res)
+            budget -= end - i
+            self._handback_pending -= end - i
+            if end == len(results):
+                queue.popleft()
+            else:
+                item[3] = end
 
     def evict(self, replica_id: str) -> int:
         """Cancel the attempts still running on ``replica_id`` (it stopped answering); return how many.
@@ -572,6 +677,50 @@ class LoadBalancer:
             assert self._buckets[self._min], "min pointer on an empty bucket"
             assert self._min == min(self._count.values())
         assert len(self._running) == sum(len(v) for v in self._by_replica.values())
+
+
+_BATCHED: dict[type, bool] = {}
+
+
+def _batched(replica: Replica) -> bool:
+    """True when the replica's class has ``submit`` and ``abort_batch`` (cached per class).
+
+    A subclass that overrides ``generate`` or ``abort`` below the class that defines ``submit``
+    and ``abort_batch``, or an instance whose ``generate`` or ``abort`` was replaced (a wrapper
+    that injects faults), is awaited the plain way, so that code keeps running.
+    """
+    cls = type(replica)
+    ok = _BATCHED.get(cls)
+    if ok:
+        own = getattr(replica, "__dict__", None)
+        return not (own and ("generate" in own or "abort" in own))
+    if ok is None:
+        mro = cls.__mro__
+
+        def owner(name: str) -> int:
+            return next((i for i, c in enumerate(mro) if name in c.__dict__), len(mro))
+
+        ok = (
+            owner("submit") < len(mro)
+            and owner("abort_batch") < len(mro)
+            and owner("generate") >= owner("submit")
+            and owner("abort") >= owner("abort_batch")
+        )
+        _BATCHED[cls] = ok
+        return _batched(replica)
+    return ok
+
+
+def _forward(waiter: asyncio.Future[GenerationResult], fut: asyncio.Future[GenerationResult]) -> None:
+    """Pass a replica future's outcome to the future its request waits on (if still waiting)."""
+    if waiter.done():
+        return
+    if fut.cancelled():
+        waiter.cancel()
+    elif (exc := fut.exception()) is not None:
+        waiter.set_exception(exc)
+    else:
+        waiter.set_result(fut.result())
 
 
 def _parked(req: GenerationRequest, replica_id: str = "") -> GenerationResult:

@@ -23,7 +23,11 @@ States (reported through ``dynres_state_transition``)::
 1. the hybrid replicas are removed from routing (retries can no longer land on them);
 2. their in-flight requests are aborted, and the controller waits until every aborted request
    has come back to the balancer, which retries it on a standalone replica with its partial
-   output (or later, on the next activation, when there is none);
+   output (or later, on the next activation, when there is none). A replica that answers an
+   abort with all its partial results at once (``abort_batch``, see
+   :class:`~dynres.runtime.protocols.BatchedReplica`) has handed everything back when that call
+   returns: it goes on to sleep at once, while the balancer hands the results to their requests
+   and retries them a bounded number per loop iteration;
 3. they sleep (release KV cache, offload weights);
 4. the trainer onloads.
 
@@ -400,7 +404,11 @@ class Controller:
                     self.balancer.remove_replica(r.replica_id)
 
             async def abort_and_drain(r: Replica) -> None:
-                await r.abort(None)
+                if self.balancer.can_batch_abort(r):
+                    if await self.balancer.abort_batch(r):
+                        return  # every request is back; the re-queue goes on in the balancer
+                else:
+                    await r.abort(None)
                 await self.balancer.wait_idle(r.replica_id)
 
             ts = self._now()
@@ -434,7 +442,7 @@ class Controller:
             plan = self.balancer.plan_rebalance()
             targets = [self.balancer.replica(rid) for rid in plan if plan[rid]]
             ts = self._now()
-            _, bad = await self.ops.many("abort", targets, lambda r: r.abort(plan[r.replica_id]))
+            _, bad = await self.ops.many("abort", targets, lambda r: self._abort_some(r, plan[r.replica_id]))
             waited = self._now() - ts
             for r in bad:
                 self.quarantine(r, "abort failed during rebalance")
@@ -444,6 +452,13 @@ class Controller:
             moved = sum(len(v) for v in plan.values())
             logger.info("rebalance moved %d requests", moved)
             return moved
+
+    async def _abort_some(self, replica: Replica, request_ids: list[str]) -> None:
+        """Abort ``request_ids`` on a routable replica; they are retried through the balancer."""
+        if self.balancer.can_batch_abort(replica):
+            await self.balancer.abort_batch(replica, request_ids)
+        else:
+            await replica.abort(request_ids)
 
     async def sync_weights(self, replicas: Sequence[Replica], update: WeightUpdate) -> list[Replica]:
         """Pause, load ``update`` and resume each replica concurrently; return those that failed.
