@@ -56,7 +56,7 @@ class ReferenceDefault:
             # verl 0.9.1 answers no before its cost gate, so the estimate is left as it was.
             return False
         waited_s, waited_n = sum(ctx.step_wait_times), sum(ctx.step_wait_samples)
-        if waited_s > 0 and waited_n > 0:
+        if waited_s > 0 and waited_n > 0 and waited_s / waited_n > 0:  # dynres: no underflow to 0.0
             self.per_sample_time_s = waited_s / waited_n
         recent = self.switch_costs[-3:]
         cost = sum(recent) / len(recent) if recent else 10.0

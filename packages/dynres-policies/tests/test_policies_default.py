@@ -72,6 +72,14 @@ def test_deactivate_wait_samples_follows_the_adapted_ratio():
     assert policy.deactivate_wait_samples(make_ctx()) == 60  # 0.5 + 0.1
 
 
+def test_a_subnormal_wait_keeps_the_estimate_positive_and_the_state_loadable():
+    # 5e-324 s over 3 samples rounds to 0.0 s per sample; hypothesis found it.
+    policy = DefaultPolicy()
+    policy.update_after_step(make_ctx(step_wait_times=(5e-324,), step_wait_samples=(3,)))
+    assert policy.per_sample_time_s > 0
+    DefaultPolicy().load_state_dict(policy.state_dict())
+
+
 # ---- should_activate_after_step: the cost/benefit gate ------------------------------------------
 
 GATE = [

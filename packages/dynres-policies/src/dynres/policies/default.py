@@ -153,7 +153,9 @@ class DefaultPolicy(Policy):
     def estimate_per_sample_time(self, ctx: ScheduleContext) -> float:
         """Seconds of trainer wait per waited-for sample in ``ctx``, else the last estimate."""
         total_t, total_n = sum(ctx.step_wait_times), sum(ctx.step_wait_samples)
-        if total_t > 0 and total_n > 0:
+        # A subnormal wait divided by the sample count can round to 0.0, which would zero the
+        # activation test's cost side and is not a valid state (load_state_dict refuses it).
+        if total_t > 0 and total_n > 0 and total_t / total_n > 0:
             return total_t / total_n
         return self.per_sample_time_s
 
