@@ -115,8 +115,8 @@ class PredictivePolicy(Policy):
     activates (nothing else generates). When the run's length is known: nothing is activated
     after its final sync; before the final cycle only if samples finished ``1 +
     last_cycle_min_gain`` times faster while hybrids were routable than after they left (slow
-    hybrids would hold the run's last samples); the first switch only on runs of at least
-    ``first_switch_min_steps`` cycles.
+    hybrids would hold the run's last samples). Before the first cycle (nothing measured) only if
+    the replica-count prior ``rho`` is at least ``activate_at_start_min_gain``.
     """
 
     name = "predictive"
@@ -176,12 +176,12 @@ class PredictivePolicy(Policy):
             description="Activate before the first cycle, when nothing is measured (the trainer waits for "
             "its first batch anyway).",
         )
-        first_switch_min_steps: int = Field(
-            20,
-            ge=0,
-            description="Switch for the first time only on runs known to last at least this many cycles (or "
-            "of unknown length): the first switch is unmeasured, often a cold wake-up, and a shorter run "
-            "neither repays it where hybrids add nothing nor leaves time to learn that (cycles; 0 = any).",
+        activate_at_start_min_gain: float = Field(
+            1.0,
+            ge=0.0,
+            description="With activate_at_start, activate before the first cycle only if the replica-count "
+            "prior rho (hybrid over standalone replicas) is at least this: the first switch is unmeasured, "
+            "often a cold wake-up, and removes only a rho / (1 + rho) share of the first wait (ratio).",
         )
         calibrate_static: bool = Field(
             True,
@@ -260,13 +260,12 @@ class PredictivePolicy(Policy):
             # over work in flight, and slow ones would hold the run's last samples while the
             # deactivation waits for them.
             return False
-        if 0 < ctx.total_steps < self.params.first_switch_min_steps and est.activate_s <= 0:
-            # The first switch is unmeasured and may be slow (cold engines); a short run does not
-            # repay it where hybrids add nothing, and it is too short to learn and back off.
-            return False
         if ctx.global_steps == 0 or est.train_s <= 0:
-            # Nothing measured: the trainer waits for its first batch anyway.
-            return self.params.activate_at_start
+            # Nothing measured: the trainer waits for its first batch anyway, and the hybrids
+            # remove a rho / (1 + rho) share of that wait; a small prior share does not repay a
+            # switch that is unmeasured and may be slow (cold engines).
+            prior = ctx.num_hybrid_replicas / max(1, ctx.num_standalone_replicas)
+            return self.params.activate_at_start and prior >= self.params.activate_at_start_min_gain
         if ctx.global_steps < est.suppress_until:
             return False
         p = self.params
