@@ -34,7 +34,11 @@ class Estimates:
     (1 = exactly keeps up with the trainer; fraction)."""
     collect_share: float = 0.0
     """The same for what arrives in the queue after a deactivation (standalone production plus
-    the hybrid replicas' unfinished work they resume; fraction)."""
+    the hybrid replicas' unfinished work they resume; fraction; compared with window_share)."""
+    window_share: float = 0.0
+    """Samples finished per second while hybrid replicas were routable, per second of training,
+    over a cycle's samples (fraction; compare with collect_share: > 1 x it means the hybrid
+    replicas finish samples themselves rather than holding them)."""
     wait_bias: float = 0.0
     """Correction added to the forecast wait target, learned from waits after deactivation (samples)."""
     static_idle_share: float = -1.0
@@ -89,25 +93,30 @@ class PredictivePolicy(Policy):
       ``(X - a - d) rho / (1 + rho)``.
 
     ``should_activate_after_step`` says yes when that saving exceeds ``switch_cost_margin`` of
-    the measured switch cost. The wait target is what the queue must hold at deactivation so that
-    what arrives afterwards (measured separately: it includes the hybrid replicas' unfinished work,
-    resumed on standalone replicas) feeds every fit step, plus a correction learned from the waits
-    that still happened.
+    the measured switch cost, and the queue does not already hold the wait target (the next cycle
+    would deactivate at once). ``X`` is at least the idle measured in cycles without hybrids (the
+    constant-rate model misses the pipeline's restart after a sync). The wait target is what the
+    queue must hold at deactivation so that the standalone production alone feeds every fit step,
+    plus a correction learned from the waits that still happened.
 
     Every cycle updates the estimates (exponential averages with weight ``ema_weight``); a cycle in
     which the trainer never waited and the queue reached its staleness cap only raises production
     estimates (it was held back by the budget, not by the replicas). ``rho`` starts at the
     replica-count ratio (a hybrid replica as fast as a standalone one) and is measured against
-    the standalone rate of cycles without hybrids; with ``calibrate_static`` on, the second cycle
-    runs without hybrids to measure it when the run is long enough to profit.
+    the idle of cycles without hybrids. With ``calibrate_static`` on, one cycle that starts with a
+    full queue runs without hybrids to measure it, but only while the forecast saving is within
+    ``calibrate_max_saving`` switch costs (a clear saving is not worth a cycle of waiting).
 
     After each hybrid cycle the realised idle (everything but training and the weight sync,
     switches included) is compared with the static reference: the idle per training second of
-    cycles without hybrids, or the forecast when there were none. After ``backoff_after`` hybrid
-    cycles in a row without a saving the policy stops activating for ``probe_interval_min``
-    cycles, and doubles the pause (up to ``probe_interval_max``) each time the next probe fails
-    too. An only-hybrid cluster always activates (nothing else generates); when the run's length
-    is known nothing is activated after its final sync.
+    cycles without hybrids. After ``backoff_after`` hybrid cycles in a row without a saving the
+    policy stops activating for ``probe_interval_min`` cycles, and doubles the pause (up to
+    ``probe_interval_max``) each time the next probe fails too. An only-hybrid cluster always
+    activates (nothing else generates). When the run's length is known: nothing is activated
+    after its final sync; before the final cycle only if samples finished ``1 +
+    last_cycle_min_gain`` times faster while hybrids were routable than after they left (slow
+    hybrids would hold the run's last samples). Before the first cycle (nothing measured) only if
+    the replica-count prior ``rho`` is at least ``activate_at_start_min_gain``.
     """
 
     name = "predictive"
@@ -167,31 +176,39 @@ class PredictivePolicy(Policy):
             description="Activate before the first cycle, when nothing is measured (the trainer waits for "
             "its first batch anyway).",
         )
-        activate_at_start_min_steps: int = Field(
-            0,
-            ge=0,
-            description="With activate_at_start, activate before the first cycle only if the run is known "
-            "to last at least this many cycles (cycles; 0 = any length).",
+        activate_at_start_min_gain: float = Field(
+            1.0,
+            ge=0.0,
+            description="With activate_at_start, activate before the first cycle only if the replica-count "
+            "prior rho (hybrid over standalone replicas) is at least this: the first switch is unmeasured, "
+            "often a cold wake-up, and removes only a rho / (1 + rho) share of the first wait (ratio).",
         )
         calibrate_static: bool = Field(
             True,
-            description="Run one cycle without hybrids early on to measure what hybrids add (see "
-            "calibrate_by, calibrate_min_steps).",
+            description="Run one cycle without hybrids early on to measure what hybrids add, when the "
+            "forecast cannot tell (see calibrate_max_saving, calibrate_by, calibrate_min_steps).",
+        )
+        calibrate_max_saving: float = Field(
+            1.0,
+            ge=0.0,
+            description="Calibrate only while the forecast saving of the next cycle is at most this many "
+            "switch costs: a clearer saving is not worth a cycle of waiting to confirm (switch costs).",
         )
         calibrate_by: int = Field(
-            4,
-            ge=1,
+            0,
+            ge=0,
             description="Latest global step for the calibration cycle if no cycle ended with a full queue "
-            "before (global step).",
+            "before (global step; 0 = only ever after a full queue, where a cycle without hybrids costs least).",
         )
         calibrate_min_steps: int = Field(
-            20, ge=1, description="Known remaining cycles needed before a calibration cycle is worth it (cycles)."
+            8, ge=1, description="Known remaining cycles needed before a calibration cycle is worth it (cycles)."
         )
         last_cycle_min_gain: float = Field(
             0.25,
             ge=0.0,
-            description="Activate for the run's final cycle (when total_steps is known) only if the measured "
-            "hybrid gain rho is at least this (ratio).",
+            description="Activate for the run's final cycle (when total_steps is known) only if samples "
+            "finished at least 1 + this times faster while hybrids were routable than after they left "
+            "(ratio).",
         )
         rebalance: bool = Field(True, description="Move in-flight work onto freshly activated replicas.")
 
@@ -238,19 +255,25 @@ class PredictivePolicy(Policy):
         remaining = ctx.total_steps - ctx.global_steps if ctx.total_steps else -1
         if remaining == 0:
             return False  # the final sync leaves nothing to generate for
-        if remaining == 1 and self.measured_gain(est) < self.params.last_cycle_min_gain:
+        if remaining == 1 and not self.finishes_on_hybrids(est):
             # Before the final cycle the run's last samples are all admitted: hybrids only take
-            # over work in flight, and slow ones would hold the run's last samples.
+            # over work in flight, and slow ones would hold the run's last samples while the
+            # deactivation waits for them.
             return False
         if ctx.global_steps == 0 or est.train_s <= 0:
-            # Nothing measured: the trainer waits for its first batch anyway, but the first
-            # switch may be slow (cold engines), which only a long run repays.
-            short = 0 < ctx.total_steps < self.params.activate_at_start_min_steps
-            return self.params.activate_at_start and not short
+            # Nothing measured: the trainer waits for its first batch anyway, and the hybrids
+            # remove a rho / (1 + rho) share of that wait; a small prior share does not repay a
+            # switch that is unmeasured and may be slow (cold engines).
+            prior = ctx.num_hybrid_replicas / max(1, ctx.num_standalone_replicas)
+            return self.params.activate_at_start and prior >= self.params.activate_at_start_min_gain
         if ctx.global_steps < est.suppress_until:
             return False
         p = self.params
         fc = self.forecast(ctx, est)
+        if fc.wait_samples <= ctx.queue_size:
+            # The queue already holds the wait target: the next cycle would deactivate at once,
+            # so the hybrid replicas would only cost their switch.
+            return False
         if est.backoff and ctx.global_steps == est.suppress_until:
             return True  # the back-off is over: probe once, the realised cycle decides again
         stale = ctx.global_steps - est.last_hybrid_step >= p.probe_interval_max
@@ -258,12 +281,13 @@ class PredictivePolicy(Policy):
             return True  # what hybrids add was measured long ago: probe once
         if (
             p.calibrate_static
-            and est.static_cycles == 0
+            and est.static_idle_share < 0
             and (remaining < 0 or remaining >= p.calibrate_min_steps)
-            and (ctx.queue_size >= ctx.buffer_samples or ctx.global_steps >= p.calibrate_by)
+            and (ctx.queue_size >= ctx.buffer_samples or 0 < p.calibrate_by <= ctx.global_steps)
+            and fc.saving_s <= p.calibrate_max_saving * fc.switch_s
         ):
-            # The saving rests on the replica-count prior: measure one cycle without hybrids,
-            # preferably one that starts with a full queue (it loses the least).
+            # The saving rests on the replica-count prior and is too small to be sure of: measure
+            # one cycle without hybrids, one that starts with a full queue (it loses the least).
             return False
         return fc.saving_s > p.switch_cost_margin * fc.switch_s
 
@@ -274,6 +298,13 @@ class PredictivePolicy(Policy):
         if est.activate_s <= 0 and est.deactivate_s <= 0:
             return self.params.switch_cost_fallback_s
         return est.activate_s + est.deactivate_s
+
+    def finishes_on_hybrids(self, est: Estimates) -> bool:
+        """True when samples finished at least ``1 + last_cycle_min_gain`` times faster while hybrid
+        replicas were routable than after they left (measured over hybrid cycles)."""
+        if est.window_share <= 0 or est.collect_share <= 0:
+            return False
+        return est.window_share >= (1.0 + self.params.last_cycle_min_gain) * est.collect_share
 
     def measured_gain(self, est: Estimates) -> float:
         """rho measured from cycles with and without hybrids, or infinity before both ran (ratio)."""
@@ -311,10 +342,16 @@ class PredictivePolicy(Policy):
         t = est.train_s / n
         g = est.standalone_share * step_required / est.train_s
         static_idle = max(0.0, *(((i + 1) * k - q) / g - i * t for i in range(n)))
+        if est.static_idle_share > 0:
+            # The constant-rate model misses the pipeline's restart after each sync (all of it
+            # without partial rollout): cycles without hybrids that idled longer are the better guide.
+            static_idle = max(static_idle, est.static_idle_share * est.train_s)
         rho = self.hybrid_gain(ctx, est)
         fill = max(0.0, static_idle - switch) / (1.0 + rho)
-        g_c = max(est.collect_share, est.standalone_share) * step_required / est.train_s
-        wait_f = max((i + 1) * k - g_c * (est.deactivate_s + i * t) for i in range(n))
+        # What the standalone replicas alone deliver after the deactivation: a target that counts on
+        # the hybrids' resumed work as well ends windows early when they did little (measured on
+        # seed-dynamic-16-16: collections then waited 80-170 s after a window of 0 s).
+        wait_f = max((i + 1) * k - g * (est.deactivate_s + i * t) for i in range(n))
         wait_f += est.wait_bias + self.params.wait_margin * step_required
         if not all(math.isfinite(x) for x in (static_idle, fill, wait_f)):
             # Extreme estimates (a rate near zero): decide nothing on them.
@@ -357,11 +394,13 @@ class PredictivePolicy(Policy):
         if h > 0:
             rest_s = max(1e-9, cycle_s - h)
             collect = max(0.0, generated - ctx.last_hybrid_generated_samples) / rest_s * train_s / step_required
+            window = ctx.last_hybrid_generated_samples / h * train_s / step_required
             out = replace(
                 out,
                 hybrid_cycles=out.hybrid_cycles + 1,
                 last_hybrid_step=ctx.global_steps,
                 collect_share=_ema(out.collect_share, collect, w) if collect > 0 else out.collect_share,
+                window_share=_ema(out.window_share, window, w) if window > 0 else out.window_share,
             )
             if out.static_cycles == 0:
                 # No cycle without hybrids yet: infer the standalone production through rho.
