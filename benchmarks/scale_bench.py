@@ -68,31 +68,9 @@ def _rss_bytes() -> int:
 
 def _routing_rate(n_replicas: int, in_flight: int, decisions: int) -> float:
     """Decisions/s of release + route with ``in_flight`` requests on ``n_replicas`` replicas."""
-    import random
+    from runtime_bench import routing_rate  # the same measurement as runtime_bench, at these sizes
 
-    from dynres.runtime.backends.fake import FakeReplica
-    from dynres.runtime.loop.balancer import LoadBalancer
-
-    lb = LoadBalancer(seed=1, sticky_capacity=100_000)
-    for i in range(n_replicas):
-        lb.add_replica(FakeReplica(f"r{i}", log_generate=False))
-    running = [f"w{i}" for i in range(in_flight)]
-    for rid in running:
-        lb.route(rid)
-    rng = random.Random(7)
-    picks = [rng.randrange(in_flight) for _ in range(decisions)]
-    new_ids = [f"n{i}" for i in range(decisions)]
-    route, release = lb.route, lb.release
-    t0 = time.perf_counter()
-    for k in range(decisions):
-        j = picks[k]
-        release(running[j])
-        rid = new_ids[k]
-        route(rid)
-        running[j] = rid
-    dt = time.perf_counter() - t0
-    lb.check_invariants()
-    return decisions / dt
+    return routing_rate(in_flight=in_flight, replicas=n_replicas, decisions=decisions)
 
 
 class LagMonitor:
