@@ -106,16 +106,6 @@ def _spec(cl: FakeCluster, rec: Recorder, cfg: DynresConfig, policy: Any = None,
 
 def execute(run: FullyAsyncRun) -> tuple[str, Any, BaseException | None]:
     """Run on a virtual loop; return (how it ended, report or None, error or None)."""
-    dropped: list[str] = []
-    on_drop = run.queue.on_drop
-
-    def drop(s: Any) -> None:
-        dropped.append(s.sample_id)
-        if on_drop is not None:
-            on_drop(s)
-
-    run.queue.on_drop = drop
-    run._dropped = dropped  # type: ignore[attr-defined]  # read back by the caller
 
     async def main() -> Any:
         return await asyncio.wait_for(run.run(), VIRTUAL_CAP_S)
@@ -159,7 +149,7 @@ def fault_generate_runtime_error(staleness: float) -> Outcome:
     rec = Recorder(fake_prompts(n=2))
     run = FullyAsyncRun(_spec(cl, rec, config(staleness=staleness)))
     how, report, exc = execute(run)
-    lost, dup = account(run, rec, _ids_trained(cl), run._dropped)  # type: ignore[attr-defined]
+    lost, dup = account(run, rec, _ids_trained(cl), run.queue.dropped_ids)
     rep = _reported(report, exc, lambda r: "s0" in r.quarantined or any(f.target == "s0" for f in r.op_failures))
     return Outcome(f"generate raises RuntimeError (staleness {staleness:g})", how, lost, dup, rep)
 
@@ -181,14 +171,14 @@ def fault_train_step(kind: str) -> Outcome:
     rec = Recorder(fake_prompts(n=2))
     run = FullyAsyncRun(_spec(cl, rec, config(), op_timeout_s=30.0, keep_checkpoint=True))
     how, report, exc = execute(run)
-    lost, dup = account(run, rec, _ids_trained(cl), run._dropped)  # type: ignore[attr-defined]
+    lost, dup = account(run, rec, _ids_trained(cl), run.queue.dropped_ids)
     if report is not None and report.checkpoint is not None:
         # the samples in the checkpoint count as kept
         kept = {d["group"]["sample_id"] for d in report.checkpoint["queue"]}
         kept |= {d["group"]["sample_id"] for d in report.checkpoint["partial"]}
         kept |= {d["sample_id"] for d in report.checkpoint.get("in_flight", [])}
         trained = set(_ids_trained(cl))
-        lost = sum(1 for i in rec.admitted if i not in trained and i not in kept and i not in run._dropped)  # type: ignore[attr-defined]
+        lost = sum(1 for i in rec.admitted if i not in trained and i not in kept and i not in run.queue.dropped_ids)
     rep = _reported(report, exc, lambda r: any(f.op == "train_step" for f in r.op_failures))
     return Outcome(f"train_step {'raises once' if kind == 'raise' else 'hangs once'}", how, lost, dup, rep)
 
@@ -221,7 +211,7 @@ def fault_midrun_checkpoint() -> Outcome:
     trained = at_ckpt["trained"] + _ids_trained(cl2)
     done = set(trained)
     left = {s.sample_id for s in run2.queue.snapshot()} | {p.group.sample_id for p in run2.rollouter.partials}
-    left |= set(run._dropped) | set(run2._dropped)  # type: ignore[attr-defined]
+    left |= set(run.queue.dropped_ids) | set(run2.queue.dropped_ids)
     admitted = list(dict.fromkeys(at_ckpt["admitted"] + rec2.admitted))
     lost = sum(1 for i in admitted if i not in done and i not in left)
     return Outcome(
@@ -271,7 +261,7 @@ def fault_policy_exit() -> Outcome:
     rec = Recorder(fake_prompts(n=2))
     run = FullyAsyncRun(_spec(cl, rec, config(), policy=ExitingPolicy()))
     how, report, exc = execute(run)
-    lost, dup = account(run, rec, _ids_trained(cl), run._dropped)  # type: ignore[attr-defined]
+    lost, dup = account(run, rec, _ids_trained(cl), run.queue.dropped_ids)
     in_flight = sum(len(r.in_flight_ids) for r in cl.replicas)
     return Outcome("policy raises SystemExit", f"{how}, {in_flight} running", lost, dup, _reported(report, exc, bool))
 
@@ -283,7 +273,7 @@ def fault_policy_state(mode: str) -> Outcome:
     pol.mode = mode
     run = FullyAsyncRun(_spec(cl, rec, config(), policy=pol, keep_checkpoint=True))
     how, report, exc = execute(run)
-    lost, dup = account(run, rec, _ids_trained(cl), run._dropped)  # type: ignore[attr-defined]
+    lost, dup = account(run, rec, _ids_trained(cl), run.queue.dropped_ids)
     named = exc is not None and ("state_dict" in str(exc))
     if report is not None and report.checkpoint is not None:
         how += f", state={report.checkpoint['policy']['state']!r}"
@@ -302,7 +292,7 @@ def fault_transient() -> Outcome:
     rec = Recorder(fake_prompts(n=2))
     run = FullyAsyncRun(_spec(cl, rec, config(), num_cycles=8, probation_backoff_s=0.01))
     how, report, exc = execute(run)
-    lost, dup = account(run, rec, _ids_trained(cl), run._dropped)  # type: ignore[attr-defined]
+    lost, dup = account(run, rec, _ids_trained(cl), run.queue.dropped_ids)
     back = run.balancer.has_replica("s0")
     return Outcome(
         "one transient BackendError on s0", f"{how}, s0 back: {back}", lost, dup, _reported(report, exc, bool)
@@ -318,7 +308,7 @@ def fault_abort(kind: str) -> Outcome:
     rec = Recorder(fake_prompts(n=2))
     run = FullyAsyncRun(_spec(cl, rec, config(), num_cycles=4, op_timeout_s=20.0))
     how, report, _exc = execute(run)
-    lost, dup = account(run, rec, _ids_trained(cl), run._dropped)  # type: ignore[attr-defined]
+    lost, dup = account(run, rec, _ids_trained(cl), run.queue.dropped_ids)
     n_abort = len(cl.hybrid[0].ops("abort"))
     q = report is not None and "h0" in report.quarantined
     return Outcome(f"abort {kind}s on h0", f"{how}, {n_abort} aborts tried", lost, dup, "quarantined" if q else "no")
@@ -329,7 +319,7 @@ def fault_livelock() -> Outcome:
     rec = Recorder(fake_prompts(n=2))
     run = FullyAsyncRun(_spec(cl, rec, config(), num_cycles=4))
     how, _report, _exc = execute(run)
-    lost, dup = account(run, rec, _ids_trained(cl), run._dropped)  # type: ignore[attr-defined]
+    lost, dup = account(run, rec, _ids_trained(cl), run.queue.dropped_ids)
     return Outcome("FakeCluster(tokens_per_s=100, latency=5 ms)", how, lost, dup, "n/a")
 
 
@@ -361,7 +351,7 @@ def fault_stress(seed: int, n: int = 64, cycles: int = 20) -> Outcome:
     )
     run = FullyAsyncRun(_spec(cl, rec, cfg, num_cycles=cycles, seed=seed))
     how, report, _exc = execute(run)
-    lost, dup = account(run, rec, _ids_trained(cl), run._dropped)  # type: ignore[attr-defined]
+    lost, dup = account(run, rec, _ids_trained(cl), run.queue.dropped_ids)
     q = len(report.quarantined) if report is not None else -1
     return Outcome(
         f"{n}+{n} stress, 1% BackendError, RuntimeError 1/3000 (seed {seed})", how, lost, dup, f"{q} quarantined"

@@ -31,20 +31,6 @@ class RecordingSource:
             yield g
 
 
-def record_drops(run: FullyAsyncRun) -> list[str]:
-    """Return a list that receives the id of each sample the run's queue drops as stale."""
-    dropped: list[str] = []
-    inner = run.queue.on_drop
-
-    def on_drop(s: Any) -> None:
-        dropped.append(s.sample_id)
-        if inner is not None:
-            inner(s)
-
-    run.queue.on_drop = on_drop
-    return dropped
-
-
 def trained_ids(engine: FakeTrainEngine, steps: int | None = None) -> list[str]:
     """Ids of the samples ``engine`` trained on (the first ``steps`` fit steps; None = all)."""
     return [s.sample_id for b in engine.batches[:steps] for s in b]

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from runtime_ledger import Ledger, RecordingSource, checkpoint_ids, ledger_of, record_drops, trained_ids
+from runtime_ledger import Ledger, RecordingSource, checkpoint_ids, ledger_of, trained_ids
 
 from dynres.core import get_plugin_manager, load_config, load_policy
 from dynres.core.config import DynresConfig
@@ -83,7 +83,7 @@ def make_run(
             **kw,
         )
     )
-    return run, src, record_drops(run)
+    return run, src, run.queue.dropped_ids
 
 
 def virtual(run: FullyAsyncRun, cap_s: float = 3600.0) -> RunReport:

@@ -66,7 +66,7 @@ def test_stale_samples_are_dropped_counted_and_reported() -> None:
         await q.put(sample(3, version=3))
         batch = await q.get_batch(2, trainer_version=3)  # s0 lags 3 versions > 2
         assert [s.sample_id for s in batch] == ["s1", "s2"]
-        assert [s.sample_id for s in dropped] == ["s0"]
+        assert [s.sample_id for s in dropped] == ["s0"] == q.dropped_ids
         assert q.dropped_stale == 1 and q.size == 1
 
     asyncio.run(main())

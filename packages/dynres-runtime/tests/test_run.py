@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
-from runtime_ledger import Ledger, RecordingSource, checkpoint_ids, ledger_of, record_drops, trained_ids
+from runtime_ledger import Ledger, RecordingSource, checkpoint_ids, ledger_of, trained_ids
 
 from dynres.core import get_plugin_manager, load_config, load_policy
 from dynres.core.config import DynresConfig
@@ -56,7 +56,7 @@ def test_end_to_end_report_shape_and_counters() -> None:
     progress: list[int] = []
     src = RecordingSource(fake_prompts(n=2))
     run = FullyAsyncRun(spec(cl, num_cycles=4, prompts=src, progress=lambda c: progress.append(c.step)))
-    dropped = record_drops(run)
+    dropped = run.queue.dropped_ids
     report = asyncio.run(run.run())
     assert cl.violations() == []
     # by identity: every admitted sample trained exactly once (or dropped as stale), none left
@@ -166,7 +166,7 @@ def test_checkpoint_keeps_partial_samples_and_resume_finishes_them() -> None:
     pol2 = load_policy("default", {"deactivate_ratio": 0.5})
     src2 = RecordingSource(fake_prompts(n=2, prefix="q"))
     run2 = FullyAsyncRun(spec(cl2, policy=pol2, num_cycles=2, resume_from=ckpt, prompts=src2))
-    dropped2 = record_drops(run2)
+    dropped2 = run2.queue.dropped_ids
     second = asyncio.run(run2.run())
     # by identity: what the checkpoint held is trained exactly once, or still held or dropped
     held = checkpoint_ids(ckpt)

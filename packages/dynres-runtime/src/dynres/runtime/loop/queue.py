@@ -65,6 +65,9 @@ class MessageQueue:
         """Largest staleness (versions) a consumed sample may have."""
         self.on_drop = on_drop
         """Called for each sample dropped as stale."""
+        self.dropped_ids: list[str] = []
+        """Ids of the samples this queue dropped as stale, in order (what a ledger of the run
+        counts as neither trained nor lost; a stale drop is rare, so the list stays short)."""
         self.consumed = 0
         """Samples handed to the trainer and not given back (count; after a failed train step
         the batch is requeued, so this counts what was trained or is being trained)."""
@@ -126,6 +129,7 @@ class MessageQueue:
                     trainer_version,
                     limit,
                 )
+                self.dropped_ids.append(s.sample_id)
                 if self.on_drop is not None:
                     self.on_drop(s)
                 self._forget_version(s.start_version)

@@ -332,7 +332,6 @@ def simulate(
     fit_steps: list[tuple[float, list[float], list[float]]] = []
     admitted: list[str] = []
     trained: list[str] = []
-    dropped: list[str] = []
 
     def on_batch(batch: Any, compute_s: float) -> None:
         # The lower bound counts the work of exactly the samples the trainer consumed.
@@ -380,14 +379,6 @@ def simulate(
     )
     t0 = time.perf_counter()
     run = FullyAsyncRun(spec)
-    on_drop = run.queue.on_drop
-
-    def drop(sample: Any) -> None:
-        dropped.append(sample.sample_id)
-        if on_drop is not None:
-            on_drop(sample)
-
-    run.queue.on_drop = drop
     report = run_virtual(run.run(), thread_grace_s=thread_grace_s)
     wall = time.perf_counter() - t0
     if report.stopped_early:
@@ -406,7 +397,7 @@ def simulate(
         "sleep_aborts": sum(r.sleep_aborts for r in replicas),
     }
     left = [x.sample_id for x in run.queue.snapshot()] + [p.group.sample_id for p in run.rollouter.partials]
-    ledger = SampleLedger(admitted=admitted, trained=trained, left=left, dropped=dropped)
+    ledger = SampleLedger(admitted=admitted, trained=trained, left=left, dropped=run.queue.dropped_ids)
     return SimResult(
         scenario=sc,
         policy=pol.name,
