@@ -52,6 +52,7 @@ FAKE_RUN = {
 
 
 def _dynres_run(tmp_path: Path, **run: int) -> tuple[Path, dict]:
+    """``dynres run`` of FAKE_RUN with ``run`` overrides: its --out directory and report.json."""
     data = copy.deepcopy(FAKE_RUN)
     data["run"].update(run)
     cfg = tmp_path / "run.yaml"
@@ -59,6 +60,8 @@ def _dynres_run(tmp_path: Path, **run: int) -> tuple[Path, dict]:
     out = tmp_path / "out"
     result = CliRunner().invoke(main, ["run", str(cfg), "--out", str(out), "-q"])
     assert result.exit_code == 0, result.output
+    # The summary shows the probe apart from the cycles' operations, or nothing when it is off.
+    assert ("start-up probe (run.startup_probe" in result.output) == (run.get("startup_probe", 1) > 0), result.output
     return out, json.loads((out / "report.json").read_text())
 
 
