@@ -7,6 +7,10 @@ cycles, then drains: the balancer stops retrying, everything in flight is aborte
 its partial output, and hybrid replicas still active are deactivated. The replicas and the train
 engine are not shut down (the caller owns them).
 
+With ``RunSpec.startup_probe`` > 0 and hybrid replicas, the switch probe of
+:mod:`~dynres.runtime.loop.probe` runs before the rollouter starts, and its timings go to
+``RunReport.startup_probe``, apart from the cycles' operations.
+
 A run that cannot finish its cycles (a train step that fails or hangs, a stall the watchdog
 names, a policy that raises ``SystemExit`` or ``KeyboardInterrupt``, a prompt source that breaks)
 drains the same way and raises :class:`~dynres.core.errors.RunAbortedError`, whose ``report``
