@@ -63,11 +63,11 @@ def _pairs(rows: list[dict]) -> list[str]:
             gap = abs(a["measured_s"] - b["measured_s"])
             noise = max(a["measured_range_s"], b["measured_range_s"])
             faster = a["policy"] if a["measured_s"] < b["measured_s"] else b["policy"]
-            verdict = "exceeds" if gap > noise else "within"
-            lines.append(
-                f"{a['policy']} vs {b['policy']}: {pred}; measured {faster} faster by {gap:.2f} s, "
-                f"{verdict} the run-to-run range ({noise:.2f} s)"
-            )
+            if min(len(a["measured_runs_s"]), len(b["measured_runs_s"])) < 2:
+                verdict = "run-to-run range unknown (one run per policy: noise cannot be told apart)"
+            else:
+                verdict = f"{'exceeds' if gap > noise else 'within'} the run-to-run range ({noise:.2f} s)"
+            lines.append(f"{a['policy']} vs {b['policy']}: {pred}; measured {faster} faster by {gap:.2f} s, {verdict}")
     return lines
 
 
