@@ -1,24 +1,34 @@
 """Fidelity of the simulator on a real run: fit a scenario to one run, predict others, measure them.
 
     .venv/bin/python benchmarks/fidelity_bench.py [--config examples/tiny-grpo-cpu.yaml]
-        [--steps N] [--seeds N] [--out DIR] [--predict default,predictive] [--json]
+        [--steps N] [--repeats K] [--seeds N] [--out DIR] [--predict default,predictive] [--json]
+        [--reuse]
 
-1. Runs the config for real with ``static_fully_async`` (benchmarks/tiny_grpo_bench.run_one).
-2. Fits a scenario to that run's metrics (``dynres scenario fit``; written to DIR/fitted.yaml)
-   and predicts the end-to-end time of the run as it was and with each ``--predict`` policy
-   (``dynres scenario compare``).
-3. Runs each ``--predict`` policy for real on the same config and prints predicted vs measured
-   end-to-end per policy, each error, and the ranking of the policies both ways.
-4. A static run never switches, so the fit lacks the switch costs (sleep, wake_up, offload, ...)
-   and uses defaults. For comparison, the table also shows the prediction with those costs taken
-   from the first measured dynamic run's report.json (``--costs-from``): the part of the error
-   due to that missing input rather than to the model. The targets judge step 2's prediction.
+``--reuse`` runs nothing: it reads the runs a previous call left in DIR and predicts again.
 
-Targets (printed PASS/FAIL; a missed target is a finding, not a crash, and the exit status
-stays 0): the as-it-was prediction within 10% of the measured run, the other policies within
-15%, and the same ranking as measured. The exit status is non-zero only when something broke
-(a run failed, an output is missing). Run it on a quiet machine: the real runs take turns on the
-same cores, and anything else running changes their times, not the prediction.
+1. Runs the config for real with ``static_fully_async`` (benchmarks/tiny_grpo_bench.run_one),
+   ``--repeats`` times. Each run measures one idle switch before its first cycle (the start-up
+   probe, ``run.startup_probe``), so the fit knows the switch costs although the run never
+   switches.
+2. Fits a scenario to each of those runs (``dynres scenario fit``; the one of the median run is
+   written to DIR/fitted.yaml) and predicts the end-to-end time of the run as it was and with
+   each ``--predict`` policy (``dynres scenario compare``), with the decisions each prediction
+   made (switches). The table shows the prediction from the median static run, and the range
+   over the fits of all static runs: how much the answer depends on the run fitted.
+3. Runs each ``--predict`` policy for real ``--repeats`` times and prints, per policy: predicted,
+   the median measured end-to-end and its run-to-run range, the error against the median, and
+   the decisions (activations/deactivations) each run made.
+4. For comparison, the prediction with switch costs and hybrid_speed_factor taken from the first
+   measured run of the first dynamic policy (``--costs-from``): the part of the error due to what
+   a static run cannot tell. The targets judge step 2's prediction.
+
+Targets (printed PASS/FAIL as they are; a missed target is a finding, and the exit status stays
+0): the as-it-was prediction within 10% of the median measured static run, the other policies
+within 15% of theirs, and the same ranking as the measured medians. The ranking lines also say
+when two policies are predicted equal (same decisions, same time) and whether their measured
+gap exceeds the run-to-run range: a ranking decided inside that range is noise, not a finding.
+The exit status is non-zero only when something broke (a run failed, an output is missing). Run
+it on a quiet machine: the real runs take turns on the same cores.
 """
 
 from __future__ import annotations
@@ -28,6 +38,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from statistics import median
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -38,6 +49,47 @@ OTHER_TARGET = 0.15
 """Largest |error| of another policy's prediction that meets the target (fraction)."""
 FITTED_POLICY = "static_fully_async"
 """The policy of the run the scenario is fitted to."""
+TIE = 0.005
+"""Two predictions closer than this (relative) are reported as predicted equal (fraction)."""
+
+
+def _span(values: list[float]) -> str:
+    return f"{min(values):.1f}-{max(values):.1f}"
+
+
+def load_run(run_dir: Path) -> dict:
+    """The numbers run_one returns, read back from a finished run's report.json (``--reuse``)."""
+    rep = json.loads((run_dir / "report.json").read_text())
+    ops = rep["operations"]
+    return {
+        "policy": rep["policy"],
+        "end_to_end_s": rep["end_to_end_s"],
+        "activations": ops["activations"],
+        "deactivations": ops["deactivations"],
+    }
+
+
+def _pairs(rows: list[dict]) -> list[str]:
+    """One line per pair of policies: predicted order or tie, measured gap against the run-to-run range."""
+    lines = []
+    for i, a in enumerate(rows):
+        for b in rows[i + 1 :]:
+            pa, pb = a["predicted_s"], b["predicted_s"]
+            sa, sb = a["predicted_switches"], b["predicted_switches"]
+            if abs(pa - pb) <= TIE * min(pa, pb):
+                pred = f"predicted equal ({'same decisions, ' if sa == sb else ''}{sa} vs {sb} switches)"
+            else:
+                first = a if pa < pb else b
+                pred = f"predicted {first['policy']} faster by {abs(pa - pb) / max(pa, pb):.1%}"
+            gap = abs(a["measured_s"] - b["measured_s"])
+            noise = max(a["measured_range_s"], b["measured_range_s"])
+            faster = a["policy"] if a["measured_s"] < b["measured_s"] else b["policy"]
+            if min(len(a["measured_runs_s"]), len(b["measured_runs_s"])) < 2:
+                verdict = "run-to-run range unknown (one run per policy: noise cannot be told apart)"
+            else:
+                verdict = f"{'exceeds' if gap > noise else 'within'} the run-to-run range ({noise:.2f} s)"
+            lines.append(f"{a['policy']} vs {b['policy']}: {pred}; measured {faster} faster by {gap:.2f} s, {verdict}")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,11 +97,17 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default=str(ROOT / "examples" / "tiny-grpo-cpu.yaml"))
     ap.add_argument("--steps", type=int, default=None, help="override run.steps (sync cycles)")
+    ap.add_argument("--repeats", type=int, default=3, help="real runs per policy (the median is compared)")
     ap.add_argument("--seeds", type=int, default=3, help="workload seeds per prediction")
     ap.add_argument("--out", default="/tmp/dynres-fidelity-bench")
     ap.add_argument("--predict", default="default,predictive", help="policies to predict and then measure")
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
+    ap.add_argument(
+        "--reuse", action="store_true", help="no real runs: read the runs a previous call left in --out (re-predict)"
+    )
     args = ap.parse_args(argv)
+    if args.repeats < 1:
+        ap.error(f"--repeats {args.repeats}: give at least 1 real run per policy")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     from tiny_grpo_bench import run_one
 
@@ -57,27 +115,48 @@ def main(argv: list[str] | None = None) -> int:
     from dynres.runtime.sim.metrics_io import read_metrics, read_report
 
     others = [p.strip() for p in args.predict.split(",") if p.strip()]
+    others = [p for p in others if p != FITTED_POLICY]
     check_policies([FITTED_POLICY, *others])
     out = Path(args.out)
-    print(f"running {FITTED_POLICY} (the run to fit) ...", file=sys.stderr, flush=True)
-    measured = {FITTED_POLICY: run_one(args.config, FITTED_POLICY, args.steps, out)["end_to_end_s"]}
-    fit = fit_scenario(read_metrics(out / FITTED_POLICY / "metrics.jsonl"))
+    policies = [FITTED_POLICY, *others]
+    runs: dict[str, list[dict]] = {p: [] for p in policies}
+
+    def measure(policy: str, k: int) -> None:
+        run_dir = out / f"rep{k}" / policy
+        if args.reuse:
+            runs[policy].append(load_run(run_dir))
+            return
+        print(f"running {policy} ({k + 1}/{args.repeats}) ...", file=sys.stderr, flush=True)
+        runs[policy].append(run_one(args.config, policy, args.steps, out / f"rep{k}"))
+
+    # Interleaved repeats: a slow spell of the machine spreads over every policy, not one.
+    for k in range(args.repeats):
+        for policy in policies:
+            measure(policy, k)
+    # The scenario is fitted to every static run; the table's prediction is the one fitted to the
+    # median static run (written to fitted.yaml), and the range over all fits shows how much the
+    # answer depends on which run was fitted.
+    statics = [r["end_to_end_s"] for r in runs[FITTED_POLICY]]
+    order = sorted(range(len(statics)), key=lambda k: statics[k])
+    mid = order[(len(order) - 1) // 2]
+    fits = [fit_scenario(read_metrics(out / f"rep{k}" / FITTED_POLICY / "metrics.jsonl")) for k in range(args.repeats)]
+    cmps = [predict(f, others, seeds=args.seeds) for f in fits]
+    fit, cmp, fitted_dir = fits[mid], cmps[mid], out / f"rep{mid}" / FITTED_POLICY
     (out / "fitted.yaml").write_text(fit.to_yaml())
-    cmp = predict(fit, others, seeds=args.seeds)
-    for policy in others:
-        print(f"running {policy} ...", file=sys.stderr, flush=True)
-        measured[policy] = run_one(args.config, policy, args.steps, out)["end_to_end_s"]
+    over_fits = {p.policy: [c.predictions[i].mean_s for c in cmps] for i, p in enumerate(cmp.predictions)}
 
     cal = None
-    dynamic = [p for p in others if p != FITTED_POLICY]
-    if dynamic:
-        report, src = read_report(out / dynamic[0])
-        cal_fit = fit_scenario(read_metrics(out / FITTED_POLICY / "metrics.jsonl"), costs_from=report, costs_source=src)
-        cal = {p.policy: p.mean_s for p in predict(cal_fit, others, seeds=args.seeds).predictions}
+    if others:
+        report, src = read_report(out / "rep0" / others[0])
+        cal_fit = fit_scenario(read_metrics(fitted_dir / "metrics.jsonl"), costs_from=report, costs_source=src)
+        (out / "fitted-costs-from.yaml").write_text(cal_fit.to_yaml())
+        cal = {p.policy: p for p in predict(cal_fit, others, seeds=args.seeds).predictions}
 
     rows = []
     for p in cmp.predictions:
-        m = measured[p.policy]
+        ms = [r["end_to_end_s"] for r in runs[p.policy]]
+        m = median(ms)
+        c = cal[p.policy] if cal else None
         rows.append(
             {
                 "policy": p.policy,
@@ -85,10 +164,16 @@ def main(argv: list[str] | None = None) -> int:
                 "predicted_s": p.mean_s,
                 "predicted_min_s": min(p.predicted_s),
                 "predicted_max_s": max(p.predicted_s),
+                "predicted_over_fits_s": over_fits[p.policy],
+                "predicted_switches": p.switches,
                 "measured_s": m,
+                "measured_runs_s": ms,
+                "measured_range_s": max(ms) - min(ms),
+                "measured_switches": [f"{r['activations']}/{r['deactivations']}" for r in runs[p.policy]],
                 "error": (p.mean_s - m) / m,
-                "predicted_with_switch_costs_s": cal[p.policy] if cal else None,
-                "error_with_switch_costs": (cal[p.policy] - m) / m if cal else None,
+                "predicted_with_switch_costs_s": c.mean_s if c else None,
+                "predicted_switches_with_switch_costs": c.switches if c else None,
+                "error_with_switch_costs": (c.mean_s - m) / m if c else None,
             }
         )
     by_pred = [r["policy"] for r in sorted(rows, key=lambda r: r["predicted_s"])]
@@ -100,42 +185,58 @@ def main(argv: list[str] | None = None) -> int:
             for r in rows
             if not r["as_it_was"]
         ),
-        ("same ranking as measured", by_pred == by_meas),
+        ("same ranking as measured (medians)", by_pred == by_meas),
     ]
+    pairs = _pairs(rows)
+    probe = (read_report(fitted_dir)[0].get("startup_probe") or {}) if fitted_dir.exists() else {}
     result = {
         "config": args.config,
+        "repeats": args.repeats,
         "fitted": str(out / "fitted.yaml"),
+        "fitted_run": str(fitted_dir),
+        "startup_probe_s": (probe["end_s"] - probe["start_s"]) if probe else None,
         "warmup_s": cmp.warmup_s,
         "missing": fit.missing,
         "rows": rows,
         "ranking_predicted": by_pred,
         "ranking_measured": by_meas,
+        "pairs": pairs,
         "targets": {name: ok for name, ok in checks},
     }
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
     print(f"fitted scenario: {out / 'fitted.yaml'} ({len(fit.missing)} metric(s) missing, defaults used)")
+    if probe:
+        print(f"start-up probe of the fitted run: {result['startup_probe_s']:.2f} s before its first cycle")
     head = (
-        f"{'policy':<28} {'predicted s':>11} {'(min-max)':>15} {'measured s':>10} {'error':>7} "
-        f"{'w/ switch costs':>15} {'error':>7}"
+        f"{'policy':<31} {'predicted s':>11} {'(all fits)':>11} {'sw':>3} {'measured s':>10} {'range':>6} {'error':>7} "
+        f"{'w/ --costs-from':>15} {'sw':>3} {'error':>7}  decisions (act/deact per run)"
     )
     print(head)
     print("-" * len(head))
     for r in rows:
         label = r["policy"] + (" (as it was)" if r["as_it_was"] else "")
-        span = f"{r['predicted_min_s']:.1f}-{r['predicted_max_s']:.1f}"
         cal_s = "-" if r["predicted_with_switch_costs_s"] is None else f"{r['predicted_with_switch_costs_s']:.2f}"
+        cal_sw = "-" if r["predicted_switches_with_switch_costs"] is None else r["predicted_switches_with_switch_costs"]
         cal_e = "-" if r["error_with_switch_costs"] is None else f"{r['error_with_switch_costs'] * 100:+.1f}%"
         print(
-            f"{label:<28} {r['predicted_s']:>11.2f} {span:>15} {r['measured_s']:>10.2f} "
-            f"{r['error'] * 100:>+6.1f}% {cal_s:>15} {cal_e:>7}"
+            f"{label:<31} {r['predicted_s']:>11.2f} {_span(r['predicted_over_fits_s']):>11} "
+            f"{r['predicted_switches']:>3} {r['measured_s']:>10.2f} "
+            f"{r['measured_range_s']:>6.2f} {r['error'] * 100:>+6.1f}% {cal_s:>15} {cal_sw:>3} {cal_e:>7}  "
+            f"{' '.join(r['measured_switches'])}"
         )
-    print(f"start-up not simulated, added to each prediction: {cmp.warmup_s:+.2f} s")
+    print(
+        f"measured = median of {args.repeats} run(s) (range = max - min); sw = predicted switches "
+        f"(activations + deactivations); start-up not simulated, added to each prediction: {cmp.warmup_s:+.2f} s"
+    )
+    print(f"predicted from the median static run (rep{mid}); (all fits): from each of the {args.repeats} static runs")
     if cal:
-        print(f"'w/ switch costs': sleep/wake_up/abort/offload/onload from {dynamic[0]}'s measured run (--costs-from)")
+        print(f"'w/ --costs-from': switch costs and hybrid_speed_factor from {others[0]}'s first measured run")
     print(f"ranking predicted: {' < '.join(by_pred)}")
     print(f"ranking measured:  {' < '.join(by_meas)}")
+    for line in pairs:
+        print(f"  {line}")
     for name, ok in checks:
         print(f"{'PASS' if ok else 'FAIL'}  {name}")
     return 0

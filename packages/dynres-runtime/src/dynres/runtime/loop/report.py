@@ -18,6 +18,7 @@ from dynres.core.metrics import METRIC_KEYS
 from dynres.runtime.loop.controller import ReplicaEvent, StateChange
 from dynres.runtime.loop.decisions import DecisionRecord
 from dynres.runtime.loop.ops import OpFailure, OpStat
+from dynres.runtime.loop.probe import StartupProbe
 
 
 @dataclass
@@ -270,6 +271,9 @@ class RunReport:
     """Why the run ended before its cycles were done ('' when it finished them)."""
     checkpoint: dict[str, Any] | None = None
     """State needed to resume (RunSpec.keep_checkpoint), JSON-serialisable; None otherwise."""
+    startup_probe: StartupProbe | None = None
+    """The switch measured before the first cycle (RunSpec.startup_probe); not a cycle switch, not
+    in ``operations``; None when it did not run."""
 
     def to_dict(self) -> dict[str, Any]:
         """The report as plain JSON-serialisable data."""

@@ -7,6 +7,10 @@ cycles, then drains: the balancer stops retrying, everything in flight is aborte
 its partial output, and hybrid replicas still active are deactivated. The replicas and the train
 engine are not shut down (the caller owns them).
 
+With ``RunSpec.startup_probe`` > 0 and hybrid replicas, the switch probe of
+:mod:`~dynres.runtime.loop.probe` runs before the rollouter starts, and its timings go to
+``RunReport.startup_probe``, apart from the cycles' operations.
+
 A run that cannot finish its cycles (a train step that fails or hangs, a stall the watchdog
 names, a policy that raises ``SystemExit`` or ``KeyboardInterrupt``, a prompt source that breaks)
 drains the same way and raises :class:`~dynres.core.errors.RunAbortedError`, whose ``report``
@@ -41,6 +45,7 @@ from dynres.runtime.loop.cycle import LoopWiring, StopRun, TrainerLoop, maybe_aw
 from dynres.runtime.loop.decisions import DecisionGuard, DecisionRecord, PolicyInterrupted
 from dynres.runtime.loop.gcpolicy import run_gc_policy
 from dynres.runtime.loop.ops import OpRunner
+from dynres.runtime.loop.probe import StartupProbe, run_startup_probe
 from dynres.runtime.loop.queue import MessageQueue
 from dynres.runtime.loop.report import CycleReport, OperationTimings, RunReport, SampleCounters
 from dynres.runtime.loop.rollouter import PromptSource, Rollouter
@@ -121,6 +126,10 @@ class RunSpec:
     """Longest wait between two probes of a replica on probation (seconds)."""
     max_probes: int = 5
     """Failed probes in a row after which a replica is quarantined for the rest of the run (count)."""
+    startup_probe: int = 0
+    """Switch round trips of the hybrid replicas and the trainer measured before the first cycle
+    (count; 0 = none; see :mod:`~dynres.runtime.loop.probe`): the switch costs of a run that never
+    switches. Each costs one idle switch's time, once per run."""
 
     def __post_init__(self) -> None:
         """Check the spec's consistency; raise ConfigError naming the field and the fix."""
@@ -151,6 +160,8 @@ class RunSpec:
             raise ConfigError("RunSpec.probation_backoff_s must be > 0 and probation_max_s >= it (seconds)")
         if self.max_probes < 1:
             raise ConfigError(f"RunSpec.max_probes must be >= 1, got {self.max_probes}")
+        if self.startup_probe < 0:
+            raise ConfigError(f"RunSpec.startup_probe must be >= 0 round trips (0 = off), got {self.startup_probe}")
         if max_required_samples(self.config) < self.config.required_samples:
             raise ConfigError("max_required_samples is below required_samples; check the config")
 
@@ -263,6 +274,8 @@ class FullyAsyncRun:
         """Drives the sync cycles: policy calls, collections, train steps, weight syncs."""
         for r in spec.standalone:
             self.balancer.add_replica(r)
+        self.startup_probe: StartupProbe | None = None
+        """What the start-up switch probe measured; None when it did not run."""
         self._started = False
 
     # ---- Running ------------------------------------------------------------------------------
@@ -286,6 +299,19 @@ class FullyAsyncRun:
             )
         if spec.keep_checkpoint:
             policy_state(self.policy)  # a state_dict that cannot be saved fails before any work
+        if spec.startup_probe and spec.hybrid:
+            # Before the rollouter starts: nothing generates yet and no request can reach a hybrid.
+            self.startup_probe = await run_startup_probe(
+                rounds=spec.startup_probe,
+                hybrid=list(spec.hybrid),
+                train_engine=spec.train_engine,
+                controller=self.controller,
+                weight_version=self.trainer.version,
+                timeout_s=spec.op_timeout_s,
+                now=self.clock.elapsed,
+                sleep_level=spec.sleep_level,
+            )
+            self.ops.failures.extend(self.startup_probe.failures)
         self.rollouter.start_window()
         # The runtime's GC step (loop/gcpolicy.py): start-up objects frozen, full collections
         # kept out of transitions; undone when the run ends.
@@ -504,6 +530,7 @@ class FullyAsyncRun:
             standalone_gpus=self.trainer.standalone_gpus,
             stopped_early=stopped_early,
             checkpoint=self.checkpoint() if keep else None,
+            startup_probe=self.startup_probe,
         )
 
 

@@ -45,6 +45,15 @@ class RunSection(StrictModel):
     op_timeout_s: float = Field(600.0, gt=0, description="Longest one engine operation may take (seconds).")
     policy_timeout_s: float = Field(10.0, gt=0, description="Longest one policy decision may take (seconds).")
     sleep_level: int = Field(1, ge=1, le=2, description="Replica.sleep level on deactivation (1 keeps weights in CPU).")
+    startup_probe: int = Field(
+        1,
+        ge=0,
+        le=10,
+        description="Switch round trips (trainer offload, hybrid wake-up, weight load, sleep, onload) measured "
+        "before the first cycle, so `dynres scenario fit` knows the switch costs of a run that never switches "
+        "(count; 0 = off; needs hybrid replicas). Costs one idle switch per round, once per run: seconds on a "
+        "GPU cluster, about a tenth of a second on the tiny CPU example.",
+    )
 
 
 class EnginesSection(StrictModel):

@@ -17,7 +17,8 @@ What is fitted (symbols of :mod:`dynres.runtime.sim.workload`):
   sync, times the replicas), then ``peak = tput(c) * (c + c_half) / c`` at the concurrency cap
   ``c = concurrent_samples_per_replica * n`` the rollouter keeps each replica at;
 * the fit step: ``step_s = t * T_0 / T`` for each measured step of ``T`` tokens (token_fraction 1);
-* costs: the engine operations' mean durations (``report.json``) and each cycle's weight sync;
+* costs: the engine operations' mean durations (``report.json``: the cycles' switches, else the
+  start-up probe's idle switch, ``startup_probe``) and each cycle's weight sync;
 * the run config (batch, staleness, partial rollout, policy, cluster split) from the run's
   config (dynres ``config.json`` or ``--config``), else derived from the records where they tell.
 
@@ -236,8 +237,10 @@ def fit_scenario(
     """Fit a scenario to ``run``; ``config`` (a dynres or verl config mapping) replaces the run's own.
 
     ``costs_from`` is another dynres run's report.json (same engines): the switch operations
-    ``run`` never performed (sleep, wake_up, abort, offload, onload) take their mean durations
-    from it instead of the defaults; ``costs_source`` names it in the comments.
+    ``run`` never performed in a cycle (sleep, wake_up, abort, offload, onload) take their mean
+    durations from its cycles, ahead of ``run``'s own start-up probe (see :func:`_switch_costs`);
+    its cycles with hybrid replicas generating fit ``hybrid_speed_factor``; ``costs_source``
+    names it in the comments.
 
     Raises MetricsError when the run has fewer than MIN_CYCLES cycles or lacks the metrics
     every fit needs (a cycle time, and response lengths).
@@ -378,6 +381,85 @@ def _fit_peak(b: _Builder, work: Sequence[float], replica_time: Sequence[float],
     return peak
 
 
+def _record_of(cycle: Mapping[str, Any]) -> dict[str, Any]:
+    """A report.json cycle as the flat metrics.jsonl record (``metrics`` and ``batch/*`` keys on top)."""
+    rec = dict(cycle)
+    rec.update(cycle.get("metrics") or {})
+    rec.update({BATCH_PREFIX + k: v for k, v in (cycle.get("batch") or {}).items()})
+    return rec
+
+
+def _cycle_work(
+    cycles: Sequence[Mapping[str, Any]], n: int, prefill: float, prompt: float
+) -> tuple[list[float], list[float], list[float]]:
+    """Per usable cycle: response work (decode tokens), busy replica time per replica (seconds) and
+    the share of the cycle the hybrid replicas generated (fraction; 0 when they were asleep).
+
+    Busy time is the cycle outside its weight sync times the rollout utilization; the hybrid share
+    is the time the cycle waited with hybrids generating over its duration.
+    """
+    work, busy, share = [], [], []
+    for c in cycles:
+        mean_len = c.get(BATCH_PREFIX + "response_tokens_mean") or c.get("cycle_mean/response_length/mean")
+        util = c.get("dynamic_resource/rollout_resource_utilization")
+        gen = c.get("samples_generated")
+        if not (mean_len and isinstance(util, int | float) and math.isfinite(util) and gen):
+            continue
+        dur = float(c["duration_s"])
+        work.append(gen * n * (float(mean_len) + prefill * prompt))
+        busy.append(max(0.0, dur - float(c.get("weight_sync_s") or 0.0)) * float(util))
+        h = min(1.0, float(c.get("wait_for_enough_samples_s") or 0.0) / max(dur, 1e-9))
+        share.append(h if c.get("hybrid_active_at_start") else 0.0)
+    return work, busy, share
+
+
+HYBRID_FACTOR_MIN = 0.05
+"""Smallest hybrid_speed_factor the fit writes (fraction): the scenario needs > 0, and a solved
+factor at or below 0 means the hybrid replica added nothing measurable."""
+
+
+def _fit_hybrid_speed(
+    b: _Builder, sc: Scenario, peak: float, prefill: float, prompt: float, own_hybrid_generated: bool
+) -> None:
+    """workload.decode.hybrid_speed_factor from --costs-from's cycles with hybrid replicas generating.
+
+    With this run's per-replica speed ``tput`` at the rollouter's concurrency, each such cycle's
+    work is ``tput x busy x (S + f x H x share)``; ``f`` is solved over those cycles together (least
+    squares on the totals). The run's own cycles are not used for it: their throughput is pooled
+    into ``peak`` (one unknown per run; per-replica token counts are not recorded).
+    """
+    key = "workload.decode.hybrid_speed_factor"
+    other = b.costs_from or {}
+    cyc = [_record_of(c) for c in other.get("cycles") or [] if isinstance(c, Mapping)]
+    S, H = sc.num_standalone_replicas, sc.num_hybrid_replicas
+    c_req = sc.async_training.concurrent_samples_per_replica * sc.responses_per_sample
+    tput = peak * c_req / (c_req + sc.workload.decode.c_half)
+    work, busy, share = _cycle_work(cyc, sc.responses_per_sample, prefill, prompt)
+    with_h = [(w, t, h) for w, t, h in zip(work, busy, share, strict=True) if h > 0 and t > 0]
+    if H and with_h and tput > 0:
+        extra = sum(w / tput - t * S for w, t, _ in with_h)
+        denom = sum(t * H * h for _, t, h in with_h)
+        f = extra / denom
+        per = [(w / tput - t * S) / (t * H * h) for w, t, h in with_h]
+        clamp = ""
+        if not HYBRID_FACTOR_MIN <= f <= 1.0:
+            clamp = f"; solved {f:.3g}, clamped to [{HYBRID_FACTOR_MIN}, 1]"
+        b.set(
+            key,
+            round(min(1.0, max(HYBRID_FACTOR_MIN, f)), 4),
+            f"[D] {b.costs_source} (--costs-from) cycles with hybrids generating: work / ({tput:.4g} tok/s "
+            f"per replica of this run) = busy x ({S} + f x {H} x share), n={len(per)} cycles, "
+            f"per-cycle f {min(per):.2g}..{max(per):.2g}{clamp}",
+        )
+    elif own_hybrid_generated:
+        b.default(key, "a separate hybrid-replica throughput (the fit pools all replicas; give --costs-from)")
+    else:
+        b.default(
+            key,
+            "hybrid-replica throughput (hybrid replicas never generated; give --costs-from a run where they did)",
+        )
+
+
 def _fit_steps_s(
     b: _Builder, times: Sequence[float], tokens: Sequence[float], sc_partial: dict[str, Any], what: str
 ) -> None:
@@ -507,31 +589,16 @@ def _fit_dynres(run: RunMetrics, cfg: DynresConfig | None, csrc: str, b: _Builde
     standalone = sc_now.num_standalone_replicas
     hybrid = sc_now.num_hybrid_replicas
     csr = sc_now.async_training.concurrent_samples_per_replica
-    work, rtime = [], []
-    for c in cycles:
-        mean_len = c.get(BATCH_PREFIX + "response_tokens_mean") or c.get("cycle_mean/response_length/mean")
-        util = c.get("dynamic_resource/rollout_resource_utilization")
-        gen = c.get("samples_generated")
-        if not (mean_len and isinstance(util, int | float) and math.isfinite(util) and gen):
-            continue
-        busy = max(0.0, float(c["duration_s"]) - float(c.get("weight_sync_s") or 0.0)) * float(util)
-        share = min(1.0, float(c.get("wait_for_enough_samples_s") or 0.0) / max(float(c["duration_s"]), 1e-9))
-        replicas = standalone + (hybrid * share if c.get("hybrid_active_at_start") else 0.0)
-        work.append(gen * n * (float(mean_len) + prefill * prompt))
-        rtime.append(busy * replicas)
-    _fit_peak(
+    work, busy, hybrid_share = _cycle_work(cycles, n, float(prefill), prompt)
+    rtime = [t * (standalone + hybrid * h) for t, h in zip(busy, hybrid_share, strict=True)]
+    peak = _fit_peak(
         b,
         work,
         rtime,
         "response work of samples_generated over (duration - weight_sync_s) x rollout util x replicas",
         csr * n,
     )
-    if hybrid and any(c.get("hybrid_active_at_start") or c.get("activated") for c in cycles):
-        b.default(
-            "workload.decode.hybrid_speed_factor", "a separate hybrid-replica throughput (the fit pools all replicas)"
-        )
-    else:
-        b.default("workload.decode.hybrid_speed_factor", "hybrid-replica throughput (hybrid replicas never generated)")
+    _fit_hybrid_speed(b, sc_now, peak, float(prefill), prompt, any(hybrid_share))
 
     # Trainer.
     times: list[float] = []
@@ -593,18 +660,73 @@ SWITCH_OPS: tuple[tuple[str, str], ...] = (
 )
 """Scenario cost key and engine operation of each switch step (seconds each)."""
 
+WAKE_UP_CALLS = 2
+"""wake_up calls per replica per activation (count): the controller wakes the weights, loads them,
+then wakes the KV cache; the scenario's ``wake_up_s`` is both together."""
+
+
+def _probe_values(report: Mapping[str, Any] | None, op: str) -> list[float]:
+    """One value per probed switch of a replica (or of the trainer) for ``op`` from a report's
+    ``startup_probe`` (seconds): wake_up sums a replica's weights and kv_cache calls of a round."""
+    probe = (report or {}).get("startup_probe")
+    if not isinstance(probe, Mapping):
+        return []
+    steps = [s for s in probe.get("steps") or [] if isinstance(s, Mapping) and s.get("ok") and s.get("op") == op]
+    if op != "wake_up":
+        return [float(s["duration_s"]) for s in steps]
+    per: dict[tuple[Any, Any], float] = {}
+    for s in steps:
+        key = (s.get("round"), s.get("target"))
+        per[key] = per.get(key, 0.0) + float(s["duration_s"])
+    return list(per.values())
+
+
+def _probe_note(values: Sequence[float], op: str, where: str) -> str:
+    what = "replica wake-ups (weights + kv_cache calls)" if op == "wake_up" else f"{op} calls"
+    if len(values) < 2:
+        spread = "spread unknown (one value; raise run.startup_probe for more)"
+    else:
+        spread = f"spread {_stats(values)[1] * 100:.0f}%, max {max(values):.3g} s"
+    return f"[M] {where} start-up probe (idle switch before cycle 1), mean of n={len(values)} {what}, {spread}"
+
+
+def _ops_cost(report: Mapping[str, Any] | None, op: str) -> tuple[float, str] | None:
+    """Mean cost of ``op`` per switch from a report's cycle operations, and how it was counted."""
+    got = _op_mean(report, op)
+    if not got:
+        return None
+    mean, count = got
+    st = report["operations"]["engine"][op] if report else {}
+    tail = f"n={count} calls, max {float(st.get('max_s') or 0.0):.3g} s"
+    if op == "wake_up":
+        return mean * WAKE_UP_CALLS, f"{WAKE_UP_CALLS} x mean wake_up call (weights, then kv_cache), {tail}"
+    return mean, f"{op} mean, {tail}"
+
 
 def _switch_costs(b: _Builder, report: Mapping[str, Any] | None, why_missing: str) -> None:
-    """Switch costs from the run's report.json, else from --costs-from's, else the defaults."""
+    """Switch costs, first found of: the run's own switches, --costs-from's switches, the run's
+    start-up probe, --costs-from's start-up probe; else the defaults, named as missing.
+
+    Switches made during cycles come first: they are what the simulator replays (under load,
+    with their aborts); the probe measures an idle switch, and has no abort.
+    """
     for key, op in SWITCH_OPS:
-        got = _op_mean(report, op)
-        other = _op_mean(b.costs_from, op)
-        if got:
-            b.set(key, round(got[0], 6), f"[M] report.json {op} mean, n={got[1]} calls")
+        own, other = _ops_cost(report, op), _ops_cost(b.costs_from, op)
+        own_probe, other_probe = _probe_values(report, op), _probe_values(b.costs_from, op)
+        if own:
+            b.set(key, round(own[0], 6), f"[M] report.json {own[1]}")
         elif other:
-            b.set(key, round(other[0], 6), f"[M] {b.costs_source} {op} mean, n={other[1]} calls (--costs-from)")
+            b.set(key, round(other[0], 6), f"[M] {b.costs_source} {other[1]} (--costs-from)")
+        elif own_probe:
+            b.set(key, round(_stats(own_probe)[0], 6), _probe_note(own_probe, op, "report.json"))
+        elif other_probe:
+            note = _probe_note(other_probe, op, b.costs_source)
+            b.set(key, round(_stats(other_probe)[0], 6), note + " (--costs-from)")
         else:
-            b.default(key, f"{op} timings ({why_missing.format(op=op)})")
+            why = why_missing.format(op=op)
+            if op != "abort" and report is not None and not (report or {}).get("startup_probe"):
+                why += "; no start-up probe (run.startup_probe: 0, or no hybrid replicas)"
+            b.default(key, f"{op} timings ({why})")
 
 
 # ---- verl ------------------------------------------------------------------------------------------

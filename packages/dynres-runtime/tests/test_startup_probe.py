@@ -1,0 +1,229 @@
+"""The start-up switch probe (``run.startup_probe``) and the fit that reads it.
+
+A static run never switches; the probe measures one idle switch of the hybrid replicas and the
+trainer before the first cycle, records it in report.json apart from the cycles' operations, and
+``dynres scenario fit`` takes the switch costs from it instead of the GPU-sized defaults.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from dynres.core import get_plugin_manager, load_config, load_policy
+from dynres.runtime.backends.fake import FakeCluster, FakeReplica, fake_prompts
+from dynres.runtime.cli import main
+from dynres.runtime.loop.run import RunSpec, run_fully_async
+from dynres.runtime.protocols import ReplicaKind
+from dynres.runtime.sim.fit import fit_scenario
+from dynres.runtime.sim.metrics_io import read_metrics
+from dynres.runtime.sim.scenario import Scenario
+
+LAT = {"sleep": 0.06, "wake_up": 0.1}
+"""Fake replica latencies (seconds per call)."""
+TRAIN_LAT = {"offload": 0.04, "onload": 0.08}
+"""Fake trainer latencies (seconds per call)."""
+
+FAKE_RUN = {
+    "run": {"steps": 3, "seed": 0},
+    "engines": {
+        "runtime": "local",
+        "rollout": "fake",
+        "trainer": "fake",
+        "rollout_options": {"tokens_per_s": 400.0, "response_tokens": 16, "latency": LAT},
+        "trainer_options": {"phase_times": {"update_actor": 0.05}, "latency": TRAIN_LAT},
+    },
+    "async_training": {
+        "use_dynamic_resource_scheduling": True,
+        "dynamic_schedule_policy": "static_fully_async",
+        "trigger_parameter_sync_step": 2,
+        "concurrent_samples_per_replica": 4,
+    },
+    "actor_rollout_ref": {"actor": {"ppo_mini_batch_size": 4}, "rollout": {"n": 2}},
+    "rollout": {"nnodes": 1, "n_gpus_per_node": 1},
+    "trainer": {"nnodes": 1, "n_gpus_per_node": 1},
+}
+
+
+def _dynres_run(tmp_path: Path, **run: int) -> tuple[Path, dict]:
+    """``dynres run`` of FAKE_RUN with ``run`` overrides: its --out directory and report.json."""
+    data = copy.deepcopy(FAKE_RUN)
+    data["run"].update(run)
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(yaml.safe_dump(data))
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, ["run", str(cfg), "--out", str(out), "-q"])
+    assert result.exit_code == 0, result.output
+    # The summary shows the probe apart from the cycles' operations, or nothing when it is off.
+    assert ("start-up probe (run.startup_probe" in result.output) == (run.get("startup_probe", 1) > 0), result.output
+    return out, json.loads((out / "report.json").read_text())
+
+
+def test_probe_is_in_report_json_before_the_first_cycle_and_not_a_cycle_switch(tmp_path):
+    _, report = _dynres_run(tmp_path)
+    probe = report["startup_probe"]
+    ops = [(s["op"], s["detail"]) for s in probe["steps"]]
+    # The controller's order: offload, wake weights, load them, wake KV cache, sleep, onload.
+    assert ops == [
+        ("offload", ""),
+        ("wake_up", "weights"),
+        ("update_weights", ""),
+        ("wake_up", "kv_cache"),
+        ("sleep", ""),
+        ("onload", ""),
+    ]
+    assert all(s["ok"] for s in probe["steps"]) and probe["failures"] == []
+    timed = {(s["op"], s["detail"]): s["duration_s"] for s in probe["steps"]}
+    assert timed["sleep", ""] == pytest.approx(LAT["sleep"], abs=0.03)
+    assert timed["offload", ""] == pytest.approx(TRAIN_LAT["offload"], abs=0.03)
+    # Not a cycle switch: no switch operation in the run's timings, no activation counted, and
+    # the first cycle starts after the probe ended.
+    engine_ops = set(report["operations"]["engine"])
+    assert not engine_ops & {"sleep", "wake_up", "offload", "onload"}, engine_ops
+    assert report["operations"]["activations"] == 0 and report["operations"]["deactivations"] == 0
+    assert report["timeline"] == []
+    assert report["cycles"][0]["start_s"] >= probe["end_s"] > probe["start_s"]
+    assert report["samples"]["consumed"] == 3 * 8  # the run trained on every cycle after the probe
+
+
+def test_startup_probe_0_turns_it_off(tmp_path):
+    _, report = _dynres_run(tmp_path, startup_probe=0)
+    assert report["startup_probe"] is None
+    # And the engines see no switch at all: the static run never touches the hybrid or the trainer's memory.
+    cl = FakeCluster(1, 1, latency=0.001)
+    asyncio.run(run_fully_async(_spec(cl, startup_probe=0)))
+    touched = {r.op for r in cl.log if r.op in ("sleep", "wake_up", "offload", "onload")}
+    assert touched == set()
+
+
+def _spec(cl: FakeCluster, **kw) -> RunSpec:
+    config = load_config(
+        {
+            "async_training": {
+                "use_dynamic_resource_scheduling": True,
+                "trigger_parameter_sync_step": 1,
+                "concurrent_samples_per_replica": 4,
+            },
+            "actor_rollout_ref": {"actor": {"ppo_mini_batch_size": 4}, "rollout": {"n": 2}},
+            "rollout": {"nnodes": 1, "n_gpus_per_node": 1},
+            "trainer": {"nnodes": 1, "n_gpus_per_node": 1},
+        }
+    )
+    return RunSpec(
+        config=config,
+        policy=load_policy("static_fully_async"),
+        standalone=cl.standalone,
+        hybrid=cl.hybrid,
+        train_engine=cl.engine,
+        prompts=fake_prompts(n=2),
+        num_cycles=2,
+        plugin_manager=get_plugin_manager(load_plugins=False),
+        **kw,
+    )
+
+
+def test_probe_puts_an_awake_hybrid_replica_to_sleep_and_leaves_the_trainer_onloaded():
+    cl = FakeCluster(1, 0, latency=0.001)
+    # A vLLM engine starts awake; the controller assumes its hybrid replicas asleep.
+    awake = FakeReplica("h0", ReplicaKind.HYBRID, asleep=False, latency=LAT, log=cl.log)
+    cl.hybrid = [awake]
+    report = asyncio.run(run_fully_async(_spec(cl, startup_probe=2)))
+    probe = report.startup_probe
+    assert probe is not None
+    assert [(s.round, s.op, s.detail) for s in probe.steps if s.op == "sleep"] == [
+        (0, "sleep", "initial"),
+        (0, "sleep", ""),
+        (1, "sleep", ""),
+    ]
+    assert len(probe.durations("wake_up")) == 4  # 2 rounds x (weights, kv_cache)
+    # What the run is left with: the hybrid asleep (no weights, no KV cache), the trainer onloaded
+    # and trained on every cycle, no lifecycle violation anywhere.
+    assert not awake.weights_loaded and not awake.kv_cache_allocated
+    assert not cl.engine.offloaded and cl.engine.steps == 2
+    assert cl.violations() == []
+
+
+def test_a_replica_failing_in_the_probe_is_quarantined_and_the_run_goes_on():
+    cl = FakeCluster(1, 0, latency=0.001)
+    bad = FakeReplica("h0", ReplicaKind.HYBRID, fail_on={"wake_up": RuntimeError}, log=cl.log)
+    cl.hybrid = [bad]
+    report = asyncio.run(run_fully_async(_spec(cl, startup_probe=1)))
+    assert report.quarantined == {"h0": "wake_up failed in the start-up probe"}
+    assert [f.op for f in report.op_failures] == ["wake_up"]
+    assert report.startup_probe is not None and report.startup_probe.durations("wake_up") == []
+    assert len(report.cycles) == 2 and not cl.engine.offloaded
+
+
+# ---- The fit --------------------------------------------------------------------------------------
+
+
+def test_fit_takes_switch_costs_from_the_probe(tmp_path):
+    out, _ = _dynres_run(tmp_path)
+    fit = fit_scenario(read_metrics(out / "metrics.jsonl"))
+    costs = fit.load().costs
+    assert costs.sleep_s == pytest.approx(LAT["sleep"], abs=0.03)
+    # The scenario's wake_up_s is a whole wake-up: the weights call and the kv_cache call.
+    assert costs.wake_up_s == pytest.approx(2 * LAT["wake_up"], abs=0.03)
+    assert costs.trainer_offload_s == pytest.approx(TRAIN_LAT["offload"], abs=0.03)
+    assert costs.trainer_onload_s == pytest.approx(TRAIN_LAT["onload"], abs=0.03)
+    for key in ("sleep_s", "wake_up_s", "trainer_offload_s", "trainer_onload_s"):
+        assert "start-up probe" in fit.notes[f"costs.{key}"] and "[M]" in fit.notes[f"costs.{key}"]
+    assert not [m for m in fit.missing if "sleep" in m or "wake_up" in m or "offload" in m]
+    assert "start-up probe" in fit.to_yaml()
+
+
+def test_fit_without_a_probe_names_the_defaults_and_why(tmp_path):
+    out, _ = _dynres_run(tmp_path, startup_probe=0)
+    fit = fit_scenario(read_metrics(out / "metrics.jsonl"))
+    assert fit.load().costs.sleep_s == Scenario().costs.sleep_s
+    assert any("sleep" in m and "no start-up probe" in m for m in fit.missing), fit.missing
+
+
+def test_costs_from_wake_up_counts_both_calls_of_an_activation(tmp_path):
+    out, _ = _dynres_run(tmp_path, startup_probe=0)
+    other = {"operations": {"engine": {"wake_up": {"count": 4, "total_s": 2.0, "max_s": 0.6}}}}
+    fit = fit_scenario(read_metrics(out / "metrics.jsonl"), costs_from=other, costs_source="default run")
+    assert fit.load().costs.wake_up_s == pytest.approx(1.0)  # 2 calls x 0.5 s per activation
+
+
+def _cycle(work_tokens: float, busy: float, share: float, active: bool) -> dict:
+    """A report.json cycle whose generated work is ``work_tokens`` (16-token responses, n=2)."""
+    return {
+        "duration_s": busy,
+        "weight_sync_s": 0.0,
+        "metrics": {"dynamic_resource/rollout_resource_utilization": 1.0},
+        "batch": {"response_tokens_mean": 16.0},
+        "samples_generated": work_tokens / (2 * (16.0 + 0.1 * 8)),  # prefill_cost default 0.1, prompt 8
+        "wait_for_enough_samples_s": share * busy,
+        "hybrid_active_at_start": active,
+    }
+
+
+def test_hybrid_speed_factor_is_solved_from_costs_from_cycles(tmp_path):
+    out, _ = _dynres_run(tmp_path, startup_probe=0, steps=4)
+    run = read_metrics(out / "metrics.jsonl")
+    base = fit_scenario(run)
+    sc = base.load()
+    assert "DEFAULT" in base.notes["workload.decode.hybrid_speed_factor"]
+    c = sc.async_training.concurrent_samples_per_replica * sc.responses_per_sample
+    tput = sc.workload.decode.peak_tokens_per_s * c / (c + sc.workload.decode.c_half)
+    assert sc.workload.prompt_tokens == 8 and sc.num_standalone_replicas == 1 and sc.num_hybrid_replicas == 1
+    # A made-up default run: a hybrid at 0.4 of a standalone replica, generating for part of each cycle.
+    f = 0.4
+    cycles = [_cycle(tput * 2.0 * (1 + f * s), 2.0, s, True) for s in (0.5, 0.8, 0.3)]
+    cycles.append(_cycle(tput * 2.0, 2.0, 0.0, False))  # hybrid asleep: says nothing about f
+    fit = fit_scenario(read_metrics(out / "metrics.jsonl"), costs_from={"cycles": cycles}, costs_source="other")
+    assert fit.load().workload.decode.hybrid_speed_factor == pytest.approx(f, rel=0.01)
+    note = fit.notes["workload.decode.hybrid_speed_factor"]
+    assert note.startswith("[D] other") and "n=3 cycles" in note
+    # A hybrid that added nothing is clamped to the scenario's range, and says so.
+    flat = [_cycle(tput * 2.0, 2.0, s, True) for s in (0.5, 0.8)]
+    fit0 = fit_scenario(read_metrics(out / "metrics.jsonl"), costs_from={"cycles": flat}, costs_source="other")
+    assert fit0.load().workload.decode.hybrid_speed_factor == pytest.approx(0.05)
+    assert "clamped" in fit0.notes["workload.decode.hybrid_speed_factor"]
