@@ -149,6 +149,22 @@ def test_probe_puts_an_awake_hybrid_replica_to_sleep_and_leaves_the_trainer_onlo
     assert cl.violations() == []
 
 
+def test_an_awake_hybrid_replica_is_put_to_sleep_before_the_first_cycle_even_without_a_probe():
+    cl = FakeCluster(1, 0, latency=0.001)
+    awake = FakeReplica("h0", ReplicaKind.HYBRID, asleep=False, latency=LAT, log=cl.log)
+    cl.hybrid = [awake]
+    report = asyncio.run(run_fully_async(_spec(cl, startup_probe=0)))
+    # It holds no memory from the start (the trainer trains on every cycle next to it), and the
+    # report shows that one sleep, no round trip.
+    first_train = next(i for i, r in enumerate(cl.log) if r.op == "train_step")
+    sleeps = [r for r in cl.log[:first_train] if r.target == "h0" and r.op == "sleep" and r.event == "start"]
+    assert len(sleeps) == 1
+    assert not awake.weights_loaded and not awake.kv_cache_allocated
+    assert report.startup_probe is not None
+    assert [(s.op, s.detail) for s in report.startup_probe.steps if s.op != "health"] == [("sleep", "initial")]
+    assert cl.engine.steps == 2 and cl.violations() == []
+
+
 def test_a_replica_failing_in_the_probe_is_quarantined_and_the_run_goes_on():
     cl = FakeCluster(1, 0, latency=0.001)
     bad = FakeReplica("h0", ReplicaKind.HYBRID, fail_on={"wake_up": RuntimeError}, log=cl.log)

@@ -8,7 +8,9 @@ the rollouter starts, in the controller's order:
 
 0. hybrid replicas that report themselves awake (``health().sleeping`` false; a vLLM engine
    starts awake) are put to sleep first: the state the controller assumes before its first
-   activation. That sleep is measured like the others;
+   activation. That sleep is measured like the others. The run does this step whatever
+   ``startup_probe`` says (with 0 round trips nothing else happens): an awake hybrid replica
+   would hold GPU memory the trainer needs from its first train step;
 1. the trainer offloads; 2. each hybrid replica wakes its weights, 3. loads the current weights,
 4. wakes its KV cache; 5. sleeps; 6. the trainer onloads.
 

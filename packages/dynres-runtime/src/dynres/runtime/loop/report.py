@@ -272,8 +272,9 @@ class RunReport:
     checkpoint: dict[str, Any] | None = None
     """State needed to resume (RunSpec.keep_checkpoint), JSON-serialisable; None otherwise."""
     startup_probe: StartupProbe | None = None
-    """The switch measured before the first cycle (RunSpec.startup_probe); not a cycle switch, not
-    in ``operations``; None when it did not run."""
+    """The switch measured before the first cycle (RunSpec.startup_probe), and the start-up sleep of
+    hybrid replicas that started awake; not a cycle switch, not in ``operations``; None when it did
+    nothing."""
 
     def to_dict(self) -> dict[str, Any]:
         """The report as plain JSON-serialisable data."""

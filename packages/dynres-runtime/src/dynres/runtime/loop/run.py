@@ -7,9 +7,10 @@ cycles, then drains: the balancer stops retrying, everything in flight is aborte
 its partial output, and hybrid replicas still active are deactivated. The replicas and the train
 engine are not shut down (the caller owns them).
 
-With ``RunSpec.startup_probe`` > 0 and hybrid replicas, the switch probe of
-:mod:`~dynres.runtime.loop.probe` runs before the rollouter starts, and its timings go to
-``RunReport.startup_probe``, apart from the cycles' operations.
+With hybrid replicas, the start-up step of :mod:`~dynres.runtime.loop.probe` runs before the
+rollouter starts: hybrid replicas that report themselves awake are put to sleep, and with
+``RunSpec.startup_probe`` > 0 that many switch round trips are measured. Its timings go to
+``RunReport.startup_probe`` (None when it did nothing), apart from the cycles' operations.
 
 A run that cannot finish its cycles (a train step that fails or hangs, a stall the watchdog
 names, a policy that raises ``SystemExit`` or ``KeyboardInterrupt``, a prompt source that breaks)
@@ -299,9 +300,12 @@ class FullyAsyncRun:
             )
         if spec.keep_checkpoint:
             policy_state(self.policy)  # a state_dict that cannot be saved fails before any work
-        if spec.startup_probe and spec.hybrid:
+        if spec.hybrid:
             # Before the rollouter starts: nothing generates yet and no request can reach a hybrid.
-            self.startup_probe = await run_startup_probe(
+            # Even with no round trip asked for, its first step runs: a hybrid replica that starts
+            # awake (a vLLM engine does) is put to sleep, since the controller assumes it asleep
+            # and the trainer needs that GPU memory from the first train step on.
+            probe = await run_startup_probe(
                 rounds=spec.startup_probe,
                 hybrid=list(spec.hybrid),
                 train_engine=spec.train_engine,
@@ -311,7 +315,9 @@ class FullyAsyncRun:
                 now=self.clock.elapsed,
                 sleep_level=spec.sleep_level,
             )
-            self.ops.failures.extend(self.startup_probe.failures)
+            self.ops.failures.extend(probe.failures)
+            if spec.startup_probe or probe.steps:
+                self.startup_probe = probe
         self.rollouter.start_window()
         # The runtime's GC step (loop/gcpolicy.py): start-up objects frozen, full collections
         # kept out of transitions; undone when the run ends.

@@ -51,7 +51,8 @@ class RunSection(StrictModel):
         le=10,
         description="Switch round trips (trainer offload, hybrid wake-up, weight load, sleep, onload) measured "
         "before the first cycle, so `dynres scenario fit` knows the switch costs of a run that never switches "
-        "(count; 0 = off; needs hybrid replicas). Costs one idle switch per round, once per run: seconds on a "
+        "(count; 0 = none; needs hybrid replicas; a hybrid replica that starts awake is put to sleep either way). "
+        "Costs one idle switch per round, once per run: seconds on a "
         "GPU cluster, about a tenth of a second on the tiny CPU example.",
     )
 
