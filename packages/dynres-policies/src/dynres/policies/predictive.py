@@ -275,7 +275,7 @@ class PredictivePolicy(Policy):
         p = self.params
         if ctx.global_steps == 1 and ctx.last_hybrid_active_s > 0 and ctx.queue_size >= ctx.required_samples:
             # The first cycle trained on the samples that finished first, the short ones: its
-            # training time understates later cycles' (1.7-1.8x on the presets), so a forecast
+            # training time understates later cycles' (1.75-1.8x on two presets), so a forecast
             # from it overstates the next idle. When that cycle ended with a collection queued,
             # decide on what it measured instead: its fit steps' waits after the hybrid replicas
             # left, taken as the static idle X of the model's saving (the test below, X measured).
