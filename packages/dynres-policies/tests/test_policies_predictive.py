@@ -326,3 +326,17 @@ def test_static_idle_forecast_is_at_least_the_measured_one() -> None:
     model = p.forecast(ctx, base).static_idle_s
     measured = p.forecast(ctx, replace(base, static_idle_share=1.5)).static_idle_s
     assert model < 300.0 and measured == pytest.approx(300.0)
+
+
+def test_after_a_first_cycle_that_ran_ahead_only_its_measured_waits_decide() -> None:
+    # The first cycle's training time understates later cycles' (it trained on the samples that
+    # finished first), so the forecast from it sees idle where there may be none. A first hybrid
+    # cycle that never waited and ended with a collection queued gives no reason to switch; one
+    # whose fit steps waited long after the hybrid replicas left does.
+    answers = []
+    for waits in ((0.0, 0.0, 0.0, 0.0), (150.0, 60.0, 50.0, 40.0)):
+        p = PredictivePolicy({"calibrate_static": False})
+        first = cycle_ctx(1, cycle_s=500.0, hybrid_s=150.0, hybrid_generated=30, queue=30, waits=waits)
+        assert p.forecast(first, p.learn(first)).saving_s > 100.0  # the forecast alone would switch
+        answers.append(run(p, [first])[0])
+    assert answers == [False, True]
