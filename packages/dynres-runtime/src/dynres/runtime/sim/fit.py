@@ -20,7 +20,9 @@ What is fitted (symbols of :mod:`dynres.runtime.sim.workload`):
 * costs: the engine operations' mean durations (``report.json``: the cycles' switches, else the
   start-up probe's idle switch, ``startup_probe``) and each cycle's weight sync;
 * the run config (batch, staleness, partial rollout, policy, cluster split) from the run's
-  config (dynres ``config.json`` or ``--config``), else derived from the records where they tell.
+  config (dynres ``config.json`` or ``--config``), else derived from the records where they tell;
+* ``cluster.shared_host`` from the config's engines and device (vLLM / torch on CPU slots of one
+  machine share its cores), or from a hybrid factor solved ``<= 0`` from ``--costs-from``.
 
 Time before the first cycle (engine warm-up, first compilation) is not part of a scenario; the
 fit reports it as :attr:`FitResult.first_cycle_start_s` and ``dynres scenario compare`` adds the
@@ -480,10 +482,11 @@ def _host_facts(rcfg: Mapping[str, Any]) -> tuple[bool | None, str]:
     rollout, trainer = engines.get("rollout"), engines.get("trainer")
     if rollout != "vllm":
         return False, f"engines.rollout={rollout}: modelled speeds, no compute shared"
-    cl = rcfg.get("cluster") if isinstance(rcfg.get("cluster"), Mapping) else {}
+    raw_cl, raw_topts = rcfg.get("cluster"), engines.get("trainer_options")
+    cl: Mapping[str, Any] = raw_cl if isinstance(raw_cl, Mapping) else {}
+    topts: Mapping[str, Any] = raw_topts if isinstance(raw_topts, Mapping) else {}
     slots = {k: cl.get(k) for k in ("slot", "trainer_slot", "standalone_slot") if cl.get(k)}
     gpu = [f"cluster.{k}={_scalar(v)}" for k, v in slots.items() if _gpu_slot(v)]
-    topts = engines.get("trainer_options") if isinstance(engines.get("trainer_options"), Mapping) else {}
     device = str(topts.get("device") or "cpu")
     if trainer == "torch" and device != "cpu":
         gpu.append(f"engines.trainer_options.device={device}")
