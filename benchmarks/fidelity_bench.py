@@ -232,7 +232,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"predicted from the median static run (rep{mid}); (all fits): from each of the {args.repeats} static runs")
     if cal:
-        print(f"'w/ --costs-from': switch costs and hybrid_speed_factor from {others[0]}'s first measured run")
+        print(
+            f"'w/ --costs-from': switch costs and hybrid_speed_factor (on a shared host: evidence for it) "
+            f"from {others[0]}'s first measured run"
+        )
     print(f"ranking predicted: {' < '.join(by_pred)}")
     print(f"ranking measured:  {' < '.join(by_meas)}")
     for line in pairs:

@@ -355,7 +355,8 @@ def test_simulate_config_takes_a_verl_config_names_ignored_keys_and_set_wins() -
     ignored = [line for line in res.stderr.splitlines() if "verl key(s) dynres does not model" in line]
     assert len(ignored) == 1 and "algorithm" in ignored[0] and "data" in ignored[0]
     data = json.loads(res.stdout)
-    assert data["cluster"] == {"trainer_gpus": 16, "rollout_gpus": 16, "gpus_per_replica": 4}  # --set wins
+    cluster = {"trainer_gpus": 16, "rollout_gpus": 16, "gpus_per_replica": 4, "shared_host": False}
+    assert data["cluster"] == cluster  # --set wins
     assert len(data["steps"]) == 2
     res = CliRunner().invoke(
         main, ["simulate", "--preset", "seed-dynamic-16-16", "--config", str(VERL_CONFIG), "--set", "steps=2", "--json"]

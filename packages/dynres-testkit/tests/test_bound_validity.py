@@ -1,8 +1,9 @@
 """No run of a random policy beats the simulator's tight lower bound.
 
 Hypothesis draws a short scenario from the testkit (with staleness, partial rollout, switch costs
-and hybrid speed varied) and a random policy: every decision is a coin toss or a random wait, from
-a seeded generator, so each example is one reproducible run. The slow test makes 200 such runs.
+and hybrid speed varied, on a shared host or not) and a random policy: every decision is a coin
+toss or a random wait, from a seeded generator, so each example is one reproducible run. The slow
+test makes 200 such runs.
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ def runs(draw: st.DrawFn) -> tuple[dict[str, Any], int]:
     sc["costs"] = {k: v * scale for k, v in sc["costs"].items()}
     sc["costs"]["export_weights_s"] = draw(st.sampled_from([0.0, 1.0]))
     sc["workload"]["decode"]["hybrid_speed_factor"] = draw(st.sampled_from([0.1, 0.5, 1.0]))
+    sc.setdefault("cluster", {})["shared_host"] = draw(st.booleans())
     return sc, draw(st.integers(0, 2**31 - 1))
 
 

@@ -34,7 +34,9 @@ scheduling cost. :func:`lower_bound` adds two terms that count them (``docs/simu
    replicas are used at all, one per cycle in an only-hybrid cluster) is serial, standalone
    replicas stand still while a sync loads weights, and hybrid replicas generate only while the
    trainer does none of that, at ``hybrid_speed_factor`` of a standalone GPU. The better of the
-   run without and the run with hybrid replicas, plus the last fit step and sync.
+   run without and the run with hybrid replicas, plus the last fit step and sync. On a shared
+   host (``cluster.shared_host``, standalone replicas present) the run with hybrids gains no
+   capacity: generation takes at least ``W / (B * p)`` and the switches still cost trainer time.
 5. ``per_cycle``: the admission rule lets at most ``max_required - step_required`` samples cross a
    weight sync (queued or in flight), so at least ``2 x step_required - max_required`` of each
    cycle's samples are admitted after its opening sync and finish before its last fit step. The
@@ -83,6 +85,8 @@ class BoundInputs:
     """GPUs whose hybrid replicas may generate (the trainer's; 0 = dynamic scheduling off) (count)."""
     hybrid_speed_factor: float = 1.0
     """phi: a hybrid GPU's peak relative to a standalone one (fraction)."""
+    shared_host: bool = False
+    """All replicas share one host whose capacity is the standalone GPUs' ``B * p`` (cluster.shared_host)."""
     cycles: Sequence[CycleWork] = ()
     """The run's sync cycles in order; empty = only the naive terms."""
     step_required_samples: int = 0
@@ -163,7 +167,9 @@ def _fastest(inp: BoundInputs, work: float, chain_s: float, paused_s: float, swi
 
     Without hybrids the standalone GPUs generate while not ``paused_s``; with them the window also
     holds ``switches`` activations and deactivations, and the trainer GPUs generate (at
-    ``hybrid_speed_factor``) for whatever the window leaves them.
+    ``hybrid_speed_factor``) for whatever the window leaves them. On a shared host with standalone
+    replicas the hybrids add no capacity: all replicas together generate at most ``B * p``, at
+    any moment (also while the standalone ones pause for a sync, so that pause is not counted).
     """
     a, b, p = inp.hybrid_gpus * inp.hybrid_speed_factor, inp.rollout_gpus, inp.peak_tokens_per_gpu_s
     options = []
@@ -173,7 +179,10 @@ def _fastest(inp: BoundInputs, work: float, chain_s: float, paused_s: float, swi
         options.append(chain_s)
     if a > 0:
         busy = chain_s + max(1, switches) * (inp.activate_s + inp.deactivate_s)
-        options.append(max(busy, (work / p + b * paused_s + a * busy) / (b + a)))
+        if inp.shared_host and b > 0:
+            options.append(max(busy, work / (b * p)))
+        else:
+            options.append(max(busy, (work / p + b * paused_s + a * busy) / (b + a)))
     return min(options) if options else float("inf")
 
 

@@ -13,6 +13,11 @@ request has received since the replica started (``dS/dt = rate(c)``, piecewise c
 events), and a heap of the ``S`` value at which each request finishes. Starting, finishing or
 aborting a request is one heap operation and one timer: the simulation is event-driven and costs
 O(log c) per event however long the responses are.
+
+**Shared host** (``cluster.shared_host``): replicas attached to one :class:`SharedHost` divide its
+capacity; each one's peak is scaled by ``min(1, C / sum of the generating replicas' peaks)``.
+Whenever a replica starts or stops generating, every replica on the host is brought up to date at
+the old rates first and rescheduled at the new ones, so the event-driven model stays exact.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ from dynres.runtime.protocols import (
     WeightUpdate,
 )
 from dynres.runtime.samples import Repeat
-from dynres.runtime.sim.workload import per_request_rate, request_work
+from dynres.runtime.sim.workload import host_scale, per_request_rate, request_work
 
 RESPONSE_TOKENS_KEY = "sim_response_tokens"
 """Key of ``GenerationRequest.extra`` holding the modelled response length (tokens)."""
@@ -77,6 +82,45 @@ class SimReplicaCosts:
     """Abort in-flight requests (seconds)."""
     update_weights_s: float = 0.0
     """Receive and load a weight update (seconds)."""
+
+
+class SharedHost:
+    """One host's generation capacity, divided among the replicas generating on it (a CPU-only machine)."""
+
+    def __init__(self, capacity_tokens_per_s: float) -> None:
+        """A host that generates at most ``capacity_tokens_per_s`` (tokens/s) over all its replicas."""
+        if capacity_tokens_per_s <= 0:
+            raise ValueError("SharedHost needs capacity_tokens_per_s > 0")
+        self.capacity_tokens_per_s = float(capacity_tokens_per_s)
+        """C: most tokens/s all replicas on the host generate together (tokens/s)."""
+        self.replicas: list[SimReplica] = []
+        """The replicas sharing the host."""
+        self.scale = 1.0
+        """Factor on each generating replica's peak now (fraction, <= 1)."""
+
+    def attach(self, replica: SimReplica) -> None:
+        """Put ``replica`` on this host."""
+        replica.host = self
+        self.replicas.append(replica)
+
+    def advance(self, now: float) -> None:
+        """Bring every replica's served work up to ``now`` at the current rates."""
+        for r in self.replicas:
+            r._advance(now)
+
+    def refresh(self) -> bool:
+        """Recompute :attr:`scale` from the replicas generating now; True if it changed."""
+        busy = sum(r.peak_tokens_per_s for r in self.replicas if r._jobs and not r.paused)
+        scale = host_scale(self.capacity_tokens_per_s, busy)
+        changed = scale != self.scale
+        self.scale = scale
+        return changed
+
+    def reschedule(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Re-arm every replica's next-finish timer at the new rates."""
+        for r in self.replicas:
+            r._loop = loop
+            r._reschedule(loop)
 
 
 class SimReplica:
@@ -142,13 +186,30 @@ class SimReplica:
         self._timer: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._woken: set[str] = set() if asleep else {"weights", "kv_cache"}
+        self.host: SharedHost | None = None
+        """The shared host it generates on (None = its own GPUs; set by :meth:`SharedHost.attach`)."""
 
     # ---- Processor-sharing core ---------------------------------------------------------
 
     def _rate(self) -> float:
         if self.paused:
             return 0.0
-        return per_request_rate(len(self._jobs), self.peak_tokens_per_s, self.c_half)
+        peak = self.peak_tokens_per_s if self.host is None else self.peak_tokens_per_s * self.host.scale
+        return per_request_rate(len(self._jobs), peak, self.c_half)
+
+    def _before(self, now: float) -> None:
+        # Before a change of this replica's requests: on a shared host every replica's rate may
+        # change with it, so all of them are brought up to date at the old rates.
+        if self.host is None:
+            self._advance(now)
+        else:
+            self.host.advance(now)
+
+    def _after(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self.host is not None and self.host.refresh():
+            self.host.reschedule(loop)
+        else:
+            self._reschedule(loop)
 
     def _advance(self, now: float) -> None:
         dt = now - self._t_last
@@ -177,14 +238,14 @@ class SimReplica:
         loop = self._loop
         assert loop is not None
         self._timer = None
-        self._advance(loop.time())
+        self._before(loop.time())
         heap = self._heap
         limit = self._service + _EPS * max(1.0, self._service)
         while heap and (not heap[0][2].active or heap[0][0] <= limit):
             _, _, job = heapq.heappop(heap)
             if job.active:
                 self._finish(job)
-        self._reschedule(loop)
+        self._after(loop)
 
     def _finish(self, job: _Job) -> None:
         job.active = False
@@ -247,7 +308,7 @@ class SimReplica:
                 "request id may run on one replica at a time"
             )
         loop = self._loop = asyncio.get_running_loop()
-        self._advance(loop.time())
+        self._before(loop.time())
         prefix = len(request.partial_token_ids)
         target = max(self._target_tokens(request), prefix)
         prefill = self.prefill_cost * (len(request.prompt_token_ids) + prefix)
@@ -264,24 +325,24 @@ class SimReplica:
         )
         self._jobs[request.request_id] = job
         heapq.heappush(self._heap, (job.finish_s, job.seq, job))
-        self._reschedule(loop)
+        self._after(loop)
         try:
             return await job.future
         except asyncio.CancelledError:
             if job.active:
-                self._advance(loop.time())
+                self._before(loop.time())
                 self._abort_job(job)
-                self._reschedule(loop)
+                self._after(loop)
             raise
 
     async def abort(self, request_ids: Sequence[str] | None = None) -> list[str]:
         """Abort the given requests (None = all); their ``generate`` returns at once with the partial output."""
         loop = self._loop = asyncio.get_running_loop()
-        self._advance(loop.time())
+        self._before(loop.time())
         ids = list(self._jobs) if request_ids is None else [r for r in request_ids if r in self._jobs]
         for rid in ids:
             self._abort_job(self._jobs[rid])
-        self._reschedule(loop)
+        self._after(loop)
         if self.op_costs.abort_s > 0:
             await asyncio.sleep(self.op_costs.abort_s)
         return ids
@@ -289,16 +350,16 @@ class SimReplica:
     async def pause(self) -> None:
         """Stop decoding; running requests keep their progress."""
         loop = self._loop = asyncio.get_running_loop()
-        self._advance(loop.time())
+        self._before(loop.time())
         self.paused = True
-        self._reschedule(loop)
+        self._after(loop)
 
     async def resume(self) -> None:
         """Continue decoding after :meth:`pause`."""
         loop = self._loop = asyncio.get_running_loop()
-        self._advance(loop.time())
+        self._before(loop.time())
         self.paused = False
-        self._reschedule(loop)
+        self._after(loop)
 
     async def sleep(self, level: int = 1) -> None:
         """Free the GPU: abort anything still running (counted in ``sleep_aborts``), then sleep."""

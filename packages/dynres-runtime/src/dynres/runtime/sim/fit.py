@@ -20,7 +20,9 @@ What is fitted (symbols of :mod:`dynres.runtime.sim.workload`):
 * costs: the engine operations' mean durations (``report.json``: the cycles' switches, else the
   start-up probe's idle switch, ``startup_probe``) and each cycle's weight sync;
 * the run config (batch, staleness, partial rollout, policy, cluster split) from the run's
-  config (dynres ``config.json`` or ``--config``), else derived from the records where they tell.
+  config (dynres ``config.json`` or ``--config``), else derived from the records where they tell;
+* ``cluster.shared_host`` from the config's engines and device (vLLM / torch on CPU slots of one
+  machine share its cores), or from a hybrid factor solved ``<= 0`` from ``--costs-from``.
 
 Time before the first cycle (engine warm-up, first compilation) is not part of a scenario; the
 fit reports it as :attr:`FitResult.first_cycle_start_s` and ``dynres scenario compare`` adds the
@@ -420,8 +422,9 @@ factor at or below 0 means the hybrid replica added nothing measurable."""
 
 def _fit_hybrid_speed(
     b: _Builder, sc: Scenario, peak: float, prefill: float, prompt: float, own_hybrid_generated: bool
-) -> None:
-    """workload.decode.hybrid_speed_factor from --costs-from's cycles with hybrid replicas generating.
+) -> float | None:
+    """workload.decode.hybrid_speed_factor from --costs-from's cycles with hybrid replicas generating;
+    returns the solved factor before clamping (None = not solved).
 
     With this run's per-replica speed ``tput`` at the rollouter's concurrency, each such cycle's
     work is ``tput x busy x (S + f x H x share)``; ``f`` is solved over those cycles together (least
@@ -451,13 +454,98 @@ def _fit_hybrid_speed(
             f"per replica of this run) = busy x ({S} + f x {H} x share), n={len(per)} cycles, "
             f"per-cycle f {min(per):.2g}..{max(per):.2g}{clamp}",
         )
-    elif own_hybrid_generated:
+        return f
+    if own_hybrid_generated:
         b.default(key, "a separate hybrid-replica throughput (the fit pools all replicas; give --costs-from)")
     else:
         b.default(
             key,
             "hybrid-replica throughput (hybrid replicas never generated; give --costs-from a run where they did)",
         )
+    return None
+
+
+def _gpu_slot(slot: Any) -> bool:
+    return isinstance(slot, Mapping) and float(slot.get("GPU") or 0) > 0
+
+
+def _host_facts(rcfg: Mapping[str, Any]) -> tuple[bool | None, str]:
+    """Whether a dynres run config puts every engine on one machine's CPU cores, and the facts read.
+
+    True: vLLM / torch engines, no GPU in any Ray slot nor a CUDA trainer device, all on one
+    machine (``engines.runtime: local`` or a local Ray, ``cluster.address`` null). False: fake
+    engines (modelled speeds share nothing) or GPUs. None: the config does not tell.
+    """
+    engines = rcfg.get("engines")
+    if not isinstance(engines, Mapping):
+        return None, ""
+    rollout, trainer = engines.get("rollout"), engines.get("trainer")
+    if rollout != "vllm":
+        return False, f"engines.rollout={rollout}: modelled speeds, no compute shared"
+    raw_cl, raw_topts = rcfg.get("cluster"), engines.get("trainer_options")
+    cl: Mapping[str, Any] = raw_cl if isinstance(raw_cl, Mapping) else {}
+    topts: Mapping[str, Any] = raw_topts if isinstance(raw_topts, Mapping) else {}
+    slots = {k: cl.get(k) for k in ("slot", "trainer_slot", "standalone_slot") if cl.get(k)}
+    gpu = [f"cluster.{k}={_scalar(v)}" for k, v in slots.items() if _gpu_slot(v)]
+    device = str(topts.get("device") or "cpu")
+    if trainer == "torch" and device != "cpu":
+        gpu.append(f"engines.trainer_options.device={device}")
+    if gpu:
+        return False, f"engines on accelerators ({', '.join(gpu)})"
+    local = engines.get("runtime") == "local" or cl.get("address") is None
+    where = "engines.runtime=local" if engines.get("runtime") == "local" else "a local Ray (cluster.address null)"
+    slot_text = ", ".join(f"cluster.{k}={_scalar(v)}" for k, v in slots.items()) or "no slot"
+    facts = f"engines.rollout=vllm, engines.trainer={trainer} on CPU ({slot_text}, no GPU)"
+    if not local:
+        return None, f"{facts} on the Ray cluster at {cl.get('address')}: one host or several is not known"
+    return True, f"{facts}, {where}"
+
+
+def _fit_shared_host(b: _Builder, rcfg: Mapping[str, Any] | None, solved_hybrid: float | None, verl: bool) -> None:
+    """cluster.shared_host from the run config's engines and device, and from a solved hybrid factor <= 0.
+
+    On a shared host the hybrid replica is the same engine on the same cores as a standalone one,
+    so hybrid_speed_factor (its share of the host) is 1; the --costs-from solve, which assumes the
+    hybrid adds its own capacity, does not apply there and is only quoted.
+    """
+    key = "cluster.shared_host"
+    facts: tuple[bool | None, str] = (None, "")
+    if rcfg:
+        facts = _host_facts(rcfg)
+    if verl and facts[0] is None:
+        facts = (False, "verl runs its engines on GPUs")
+    negative = solved_hybrid is not None and solved_hybrid <= 0
+    evidence = (
+        f"--costs-from's solved hybrid_speed_factor {solved_hybrid:.3g} <= 0: the woken hybrid replica added no "
+        "throughput"
+        if negative
+        else ""
+    )
+    shared, conflict = facts[0], ""
+    if shared is None and negative:
+        shared = True
+    elif shared is False and negative:
+        conflict = f"; but {evidence} (contention the simulator does not model)"
+    if shared is None:
+        b.default(key, "the engines' device (config.json engines and cluster slots)")
+        return
+    if facts[0] is True:
+        note = f"[E] from config.json facts: {facts[1]}; all engines share its cores" + (
+            f"; [D] {evidence}" if negative else ""
+        )
+    elif facts[0] is None:
+        note = f"[D] {evidence}" + (f" ({facts[1]})" if facts[1] else "")
+    else:
+        note = f"[E] from run config facts: {facts[1]}: each replica computes on its own{conflict}"
+    b.set(key, shared, note)
+    if shared:
+        solved = f"; --costs-from solved {solved_hybrid:.3g} for an added replica, not applicable" if negative else ""
+        b.set(
+            "workload.decode.hybrid_speed_factor",
+            1.0,
+            f"[E] shared host: the hybrid replica is the same engine on the same cores, an equal share{solved}",
+        )
+        b.missing[:] = [m for m in b.missing if "workload.decode.hybrid_speed_factor" not in m]
 
 
 def _fit_steps_s(
@@ -598,7 +686,8 @@ def _fit_dynres(run: RunMetrics, cfg: DynresConfig | None, csrc: str, b: _Builde
         "response work of samples_generated over (duration - weight_sync_s) x rollout util x replicas",
         csr * n,
     )
-    _fit_hybrid_speed(b, sc_now, peak, float(prefill), prompt, any(hybrid_share))
+    solved_hybrid = _fit_hybrid_speed(b, sc_now, peak, float(prefill), prompt, any(hybrid_share))
+    _fit_shared_host(b, rcfg, solved_hybrid, verl=False)
 
     # Trainer.
     times: list[float] = []
@@ -800,6 +889,7 @@ def _fit_verl(run: RunMetrics, cfg: DynresConfig | None, csrc: str, b: _Builder)
     prefill = float(b.default("workload.decode.prefill_cost", "prefill timing"))
     b.default("workload.decode.lone_request_fraction", "throughput at several concurrencies")
     b.default("workload.decode.hybrid_speed_factor", "hybrid-replica throughput")
+    _fit_shared_host(b, run.config, None, verl=True)
     work, rtime = [], []
     for c, mlen in zip(run.cycles, [c.get("response_length/mean") for c in run.cycles], strict=True):
         active = c.get("fully_async/rollouter/active_time")

@@ -33,6 +33,7 @@ from dynres.runtime.samples import PromptGroup
 from dynres.runtime.sim.bound import BoundInputs, CycleWork, LowerBound, lower_bound, lower_bound_naive
 from dynres.runtime.sim.engines import (
     RESPONSE_TOKENS_KEY,
+    SharedHost,
     SimReplica,
     SimReplicaCosts,
     SimTrainCosts,
@@ -42,6 +43,7 @@ from dynres.runtime.sim.loop import run_virtual
 from dynres.runtime.sim.scenario import Scenario, load_scenario
 from dynres.runtime.sim.workload import (
     LengthOracle,
+    host_peak,
     reference_batch_tokens,
     replica_peak,
     request_work,
@@ -253,6 +255,16 @@ def build_replicas(scenario: Scenario, kind: ReplicaKind, count: int) -> list[Si
     ]
 
 
+def attach_shared_host(scenario: Scenario, replicas: list[SimReplica]) -> SharedHost | None:
+    """Put ``replicas`` on one shared host when ``cluster.shared_host`` is set (None otherwise)."""
+    if not scenario.cluster.shared_host:
+        return None
+    host = SharedHost(host_peak(scenario))
+    for r in replicas:
+        host.attach(r)
+    return host
+
+
 def build_train_engine(scenario: Scenario, on_batch: Callable[[Any, float], None] | None = None) -> SimTrainEngine:
     """The simulated trainer on the scenario's trainer GPUs; ``on_batch(batch, compute_s)`` after each fit step."""
     train = scenario.workload.train
@@ -347,6 +359,7 @@ def simulate(
 
     standalone = build_replicas(sc, ReplicaKind.STANDALONE, sc.num_standalone_replicas)
     hybrid = build_replicas(sc, ReplicaKind.HYBRID, sc.num_hybrid_replicas)
+    attach_shared_host(sc, [*standalone, *hybrid])
     engine = build_train_engine(sc, on_batch)
 
     from dynres.core import get_plugin_manager
@@ -442,6 +455,7 @@ def bound_inputs_for(
         required_samples=sc.required_samples,
         hybrid_gpus=sc.num_hybrid_replicas * gpr,
         hybrid_speed_factor=d.hybrid_speed_factor,
+        shared_host=sc.cluster.shared_host,
         cycles=cycles,
         step_required_samples=sc.step_required_samples,
         max_required_samples=max_required_samples(sc.dynres_config()),

@@ -48,6 +48,12 @@ class ClusterConfig(StrictModel):
     gpus_per_replica: int = Field(
         1, ge=1, description="GPUs one inference replica spans (tensor parallel size, count)."
     )
+    shared_host: bool = Field(
+        False,
+        description="All replicas share one host's compute (a CPU-only machine): the generating replicas "
+        "divide the standalone replicas' combined peak (tokens/s), so a woken hybrid replica adds no "
+        "throughput (true/false; false = every replica has its own GPUs).",
+    )
 
     @model_validator(mode="after")
     def _divisible(self) -> ClusterConfig:

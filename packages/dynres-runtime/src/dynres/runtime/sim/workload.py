@@ -21,6 +21,16 @@ request fraction.
        rate(c)   = tput(c) / c = peak / (c + c_half)   per request
        c_half    = (1 - f) / f                    so that tput(1) = f * peak
 
+   On a **shared host** (``cluster.shared_host``, a CPU-only machine where every engine runs on
+   the same cores) the replicas generating at a moment divide the host's capacity ``C``, the
+   standalone replicas' combined peak (the hybrid replicas' when there are no standalone ones)::
+
+       C         = S * peak                       (H * peak * phi when S = 0)
+       scale     = min(1, C / sum of peak_i over the replicas with requests running, not paused)
+       rate_i(c) = peak_i * scale / (c + c_half)
+
+   so a replica alone never runs faster than its own peak, and a woken hybrid replica only takes
+   a share of what the standalone ones had: it adds no throughput.
 3. **Prefill** costs replica work like decoding ``prefill_cost`` tokens per prompt token; a
    request resumed after an abort (partial rollout) re-prefills its prompt *and* the tokens it
    had generated::
@@ -145,6 +155,21 @@ def per_request_rate(c: float, peak: float, c_half: float) -> float:
 def replica_peak(cfg: DecodeConfig, hybrid: bool) -> float:
     """Saturated throughput of a replica: peak, times hybrid_speed_factor for hybrid ones (tokens/s)."""
     return cfg.peak_tokens_per_s * (cfg.hybrid_speed_factor if hybrid else 1.0)
+
+
+def host_peak(scenario: Scenario) -> float:
+    """C: the shared host's generation capacity, S * peak (H * peak * phi without standalone) (tokens/s)."""
+    d = scenario.workload.decode
+    if scenario.num_standalone_replicas:
+        return scenario.num_standalone_replicas * replica_peak(d, hybrid=False)
+    return scenario.num_hybrid_replicas * replica_peak(d, hybrid=True)
+
+
+def host_scale(capacity: float, busy_peaks: float) -> float:
+    """min(1, C / sum of the generating replicas' peaks): the factor on each one's peak (fraction)."""
+    if busy_peaks <= capacity:
+        return 1.0
+    return capacity / busy_peaks
 
 
 # ---- 3. Prefill ------------------------------------------------------------------------------
