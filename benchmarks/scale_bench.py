@@ -317,6 +317,9 @@ def _verdict(key: str, value: float) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="only 16 + 16 replicas, no simulation")
+    ap.add_argument(
+        "--size", action="append", metavar="S+H", help="only this size (repeatable, e.g. --size 512+512); no simulation"
+    )
     ap.add_argument("--child", nargs=3, type=int, metavar=("S", "H", "N"), help=argparse.SUPPRESS)
     ap.add_argument("--no-routing", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--child-sim", action="store_true", help=argparse.SUPPRESS)
@@ -339,6 +342,11 @@ def main() -> int:
     print(head)
     print("-" * len(head))
     sizes = SIZES[:1] if args.quick else SIZES
+    if args.size:
+        wanted = {tuple(int(x) for x in sz.split("+")) for sz in args.size}
+        sizes = tuple(sz for sz in SIZES if sz in wanted)
+        if not sizes:
+            ap.error(f"--size: pick from {', '.join(f'{s}+{h}' for s, h in SIZES)}")
     rows = []
     for s, h in sizes:
         for n in LOADS:
@@ -382,7 +390,7 @@ def main() -> int:
         "deact_512_vs_1": ratio,
         "kb_per_request": max(r["kb_per_request"] for r in rows if r["in_flight"] == max(LOADS)),
     }
-    if not args.quick:
+    if not args.quick and not args.size:
         sim = _spawn(["--child-sim"])
         summary["sim_512_s"] = sim["sim_cpu_s"]
         print(

@@ -38,8 +38,9 @@ the id's hash, never in one dict of all requests. CPython grows or compacts a di
 copying every entry (a dict whose keys come and go, like these, is compacted once per its size
 in inserts): at 100,000 requests in flight one such step took 5-25 ms, and a sticky-session
 ``OrderedDict`` twice that, all inside one loop iteration. A shard holds a ``1/_SHARDS`` share,
-so its rebuild is as short. A running attempt is one :class:`_Attempt` record (replica, task,
-futures) shared by the request-id shard and its replica's table, instead of parallel dicts.
+so its rebuild is as short. What :meth:`LoadBalancer.generate` keeps about a running attempt
+(its task and futures) is one :class:`_Attempt` record instead of parallel dicts; ``route`` and
+``release`` themselves store only strings and ints, which the garbage collector does not track.
 """
 
 from __future__ import annotations
@@ -65,13 +66,12 @@ _STICKY_SHARD_MIN = 1024  # fewer sticky shards when they would hold less (small
 
 
 class _Attempt:
-    """One attempt of a request running on a replica (from route to release)."""
+    """What generate() keeps about one attempt running on a replica (from route to release)."""
 
-    __slots__ = ("fut", "replica_id", "seq", "serial", "task", "waiter")
+    __slots__ = ("fut", "replica_id", "serial", "task", "waiter")
 
-    def __init__(self, replica_id: str, seq: int) -> None:
+    def __init__(self, replica_id: str) -> None:
         self.replica_id = replica_id
-        self.seq = seq  # routing decisions before it (rebalance plans name attempts by ranges of these)
         self.task: asyncio.Task[object] | None = None  # the generate() task awaiting it (evict cancels it)
         self.fut: asyncio.Future[GenerationResult] | None = None  # a batched replica's future
         self.waiter: asyncio.Future[GenerationResult] | None = None  # what the task awaits instead
@@ -161,11 +161,16 @@ class LoadBalancer:
         self._buckets: list[list[str]] = [[]]
         self._pos: dict[str, int] = {}
         self._min = 0
-        # Shard hash(request id) & _MASK: request id -> its running attempt (removed replicas included).
-        self._running: list[dict[str, _Attempt]] = [{} for _ in range(_SHARDS)]
+        # Shard hash(request id) & _MASK: request id -> replica id, for every attempt running now
+        # (removed replicas included).
+        self._running: list[dict[str, str]] = [{} for _ in range(_SHARDS)]
         self._n_running = 0
-        # replica id -> its running attempts by request id, oldest first (dict keeps insertion order).
-        self._by_replica: dict[str, dict[str, _Attempt]] = {}
+        # replica id -> its running request ids -> their routing sequence numbers, oldest first
+        # (dict keeps insertion order; rebalance plans name attempts by ranges of these numbers).
+        self._by_replica: dict[str, dict[str, int]] = {}
+        # Shard hash(request id) & _MASK: request id -> its attempt's record, for attempts that
+        # generate() runs (plain route()/release() callers have none).
+        self._attempts: list[dict[str, _Attempt]] = [{} for _ in range(_SHARDS)]
         self._seq = 0
         # replica id -> [lo, hi) ranges of attempt seqs a rebalance picked there (see plan_rebalance).
         self._moved: dict[str, list[tuple[int, int]]] = {}
@@ -278,11 +283,10 @@ class LoadBalancer:
         """
         h = hash(request_id)
         running_shard = self._running[h & _MASK]
-        att = running_shard.get(request_id)
-        if att is not None:
+        if request_id in running_shard:
             raise RuntimeStateError(
                 f"request {request_id!r} is already running on replica "
-                f"{att.replica_id!r}; release it before routing it again"
+                f"{running_shard[request_id]!r}; release it before routing it again"
             )
         if not self._replicas:
             raise ReplicaUnavailableError(f"no replica is routable for request {request_id!r}; add a replica first")
@@ -320,9 +324,8 @@ class LoadBalancer:
         if c == self._min and not b:
             self._min = c + 1
         self._seq += 1
-        att = _Attempt(rid, self._seq)
-        running_shard[request_id] = att
-        self._by_replica[rid][request_id] = att
+        running_shard[request_id] = rid
+        self._by_replica[rid][request_id] = self._seq
         self._n_running += 1
         self.counters.routed += 1
         return self._replicas[rid]
@@ -333,16 +336,15 @@ class LoadBalancer:
         A no-op when ``request_id`` is not running (never routed, or already released).
         """
         h = hash(request_id)
-        att = self._running[h & _MASK].pop(request_id, None)
-        if att is None:
+        rid = self._running[h & _MASK].pop(request_id, None)
+        if rid is None:
             return
         self._n_running -= 1
-        if self._moved and self._is_moved(att):  # its next attempt routes by load (see plan_rebalance)
-            self._sticky[h & self._sticky_mask].pop(request_id, None)
-        rid = att.replica_id
         running = self._by_replica.get(rid)
         if running is not None:
-            running.pop(request_id, None)
+            seq = running.pop(request_id, 0)
+            if self._moved and self._is_moved(rid, seq):  # its next attempt routes by load (see plan_rebalance)
+                self._sticky[h & self._sticky_mask].pop(request_id, None)
             if not running:
                 if rid not in self._replicas:
                     del self._by_replica[rid]
@@ -414,8 +416,9 @@ class LoadBalancer:
         entry = self._sticky[h & self._sticky_mask].get(request_id)
         if entry is None or self._epoch.get(entry[0]) != entry[1]:
             return None
-        att = self._running[h & _MASK].get(request_id)
-        return None if att is not None and self._is_moved(att) else entry[0]
+        rid = self._running[h & _MASK].get(request_id)
+        moved = rid is not None and self._is_moved(rid, self._by_replica[rid][request_id])
+        return None if moved else entry[0]
 
     def current_request(self, request_id: str) -> GenerationRequest | None:
         """The request of ``request_id``'s current attempt, with the partial output of earlier
@@ -447,7 +450,7 @@ class LoadBalancer:
         failures = 0
         task = asyncio.current_task()
         h = hash(req.request_id) & _MASK
-        current, running = self._current[h], self._running[h]
+        current, attempts = self._current[h], self._attempts[h]
         while True:
             current[req.request_id] = req
             while not self._replicas and not self._draining:
@@ -456,7 +459,7 @@ class LoadBalancer:
                 self.counters.parked += 1
                 return _parked(req)
             replica = self.route(req.request_id)
-            att = running[req.request_id]
+            att = attempts[req.request_id] = _Attempt(replica.replica_id)
             att.task = task
             try:
                 if _batched(replica):
@@ -480,7 +483,8 @@ class LoadBalancer:
             finally:
                 if self._evicting:
                     self._evicting.discard(req.request_id)
-                att.task = None
+                if attempts.get(req.request_id) is att:
+                    del attempts[req.request_id]
                 fut = att.fut
                 if fut is not None and not fut.done():
                     fut.cancel()  # evicted, cancelled, or handed back in a batch
@@ -608,13 +612,20 @@ class LoadBalancer:
             item = queue[0]
             rid, serial, results, i = item
             end = min(len(results), i + budget)
-            attempts = self._by_replica.get(rid) or {}
+            shards = self._attempts
             for k in range(i, end):
                 res = results[k]
-                att = attempts.get(res.request_id)
+                req_id = res.request_id
+                att = shards[hash(req_id) & _MASK].get(req_id)
                 # Only the attempt the result belongs to: on this replica, started before the
                 # abort, still waiting (not evicted, cancelled or retried meanwhile).
-                if att is not None and att.waiter is not None and att.serial <= serial and not att.waiter.done():
+                if (
+                    att is not None
+                    and att.replica_id == rid
+                    and att.waiter is not None
+                    and att.serial <= serial
+                    and not att.waiter.done()
+                ):
                     att.waiter.set_result(res)
             budget -= end - i
             self._handback_pending -= end - i
@@ -637,8 +648,10 @@ class LoadBalancer:
         # The caller may be one of the attempts on this replica (a generate that just failed and
         # reports the failure): it retries on its own, and cancelling it would lose its sample.
         current = asyncio.current_task()
-        for req, att in list(self._by_replica.get(replica_id, {}).items()):
-            task = att.task
+        shards = self._attempts
+        for req in list(self._by_replica.get(replica_id, ())):
+            att = shards[hash(req) & _MASK].get(req)
+            task = att.task if att is not None and att.replica_id == replica_id else None
             if task is not None and task is not current and req not in self._evicting:
                 self._evicting.add(req)
                 task.cancel()
@@ -700,7 +713,7 @@ class LoadBalancer:
         for rid, ranges in list(self._moved.items()):
             # Ranges of earlier plans whose attempts have all ended go.
             attempts = self._by_replica.get(rid)
-            oldest = next(iter(attempts.values())).seq if attempts else hi
+            oldest = next(iter(attempts.values())) if attempts else hi
             kept = [r for r in ranges if r[1] > oldest]
             if kept:
                 self._moved[rid] = kept
@@ -715,14 +728,13 @@ class LoadBalancer:
         # Without copying the replica's whole table.
         newest = list(islice(reversed(attempts), k))
         newest.reverse()
-        lo = next(islice(reversed(attempts.values()), k - 1, None)).seq
+        lo = next(islice(reversed(attempts.values()), k - 1, None))
         self._moved.setdefault(rid, []).append((lo, self._seq + 1))  # attempts routed later are not in it
         return newest
 
-    def _is_moved(self, att: _Attempt) -> bool:
-        """True when a rebalance plan picked this attempt."""
-        seq = att.seq
-        return any(lo <= seq < hi for lo, hi in self._moved.get(att.replica_id, ()))
+    def _is_moved(self, replica_id: str, seq: int) -> bool:
+        """True when a rebalance plan picked the attempt with routing number ``seq`` on ``replica_id``."""
+        return any(lo <= seq < hi for lo, hi in self._moved.get(replica_id, ()))
 
     def start_draining(self) -> None:
         """Stop retrying: from now on aborted or waiting requests return with their partial output."""
@@ -773,8 +785,8 @@ class LoadBalancer:
             assert self._min == min(self._count.values())
         assert sum(map(len, self._running)) == self._n_running == sum(len(v) for v in self._by_replica.values())
         for shard in self._running:
-            for req, att in shard.items():
-                assert self._by_replica[att.replica_id].get(req) is att, f"{req} not on its replica's table"
+            for req, rid in shard.items():
+                assert req in self._by_replica[rid], f"{req} not on its replica's table"
 
 
 _BATCHED: dict[type, bool] = {}
