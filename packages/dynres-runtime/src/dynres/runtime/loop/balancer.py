@@ -56,7 +56,7 @@ from itertools import islice
 
 from dynres.core.errors import ReplicaUnavailableError, RuntimeStateError
 from dynres.runtime.loop.gcpolicy import defer_full_collections, resume_full_collections
-from dynres.runtime.protocols import GenerationRequest, GenerationResult, Replica
+from dynres.runtime.protocols import GenerationRequest, GenerationResult, Replica, takes_batched_path
 
 logger = logging.getLogger("dynres.runtime.loop.balancer")
 
@@ -789,36 +789,7 @@ class LoadBalancer:
                 assert req in self._by_replica[rid], f"{req} not on its replica's table"
 
 
-_BATCHED: dict[type, bool] = {}
-
-
-def _batched(replica: Replica) -> bool:
-    """True when the replica's class has ``submit`` and ``abort_batch`` (cached per class).
-
-    A subclass that overrides ``generate`` or ``abort`` below the class that defines ``submit``
-    and ``abort_batch``, or an instance whose ``generate`` or ``abort`` was replaced (a wrapper
-    that injects faults), is awaited the plain way, so that code keeps running.
-    """
-    cls = type(replica)
-    ok = _BATCHED.get(cls)
-    if ok:
-        own = getattr(replica, "__dict__", None)
-        return not (own and ("generate" in own or "abort" in own))
-    if ok is None:
-        mro = cls.__mro__
-
-        def owner(name: str) -> int:
-            return next((i for i, c in enumerate(mro) if name in c.__dict__), len(mro))
-
-        ok = (
-            owner("submit") < len(mro)
-            and owner("abort_batch") < len(mro)
-            and owner("generate") >= owner("submit")
-            and owner("abort") >= owner("abort_batch")
-        )
-        _BATCHED[cls] = ok
-        return _batched(replica)
-    return ok
+_batched = takes_batched_path
 
 
 def _forward(waiter: asyncio.Future[GenerationResult], fut: asyncio.Future[GenerationResult]) -> None:
