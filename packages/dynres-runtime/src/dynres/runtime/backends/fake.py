@@ -314,7 +314,7 @@ class FakeReplica(_FaultsMixin):
         :param manual: requests only progress through :meth:`advance` / :meth:`finish`.
         :param abort_chunk: an abort wakes this many requests per event-loop iteration, the way a
             real engine streams its abort outputs (keeps the loop responsive); ``abort_batch``
-            takes 8 times as many out per iteration (it wakes none).
+            takes twice as many out per iteration (it wakes none).
         :param log: op log to append to (share one list between fakes to order across them).
         :param log_generate: also log generate calls (turn off in benchmarks).
         """
@@ -532,7 +532,7 @@ class FakeReplica(_FaultsMixin):
             self._gens = {}
         else:
             gens = []
-            chunk = 8 * self.abort_chunk  # a pop is much cheaper than an abort's wake-up
+            chunk = 2 * self.abort_chunk  # a pop is cheaper than an abort's wake-up
             for i, rid in enumerate(request_ids):
                 g = self._gens.pop(rid, None)
                 if g is not None:

@@ -50,7 +50,7 @@ import functools
 import logging
 import random
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, KeysView, Sequence
 from dataclasses import dataclass
 from itertools import islice
 
@@ -114,7 +114,7 @@ class LoadBalancer:
         sticky_capacity: int = 100_000,
         partial_rollout: bool = True,
         max_failed_attempts: int = 8,
-        retry_batch: int = 32,
+        retry_batch: int = 8,
         completed_window: int = 100_000,
         on_change: Callable[[], None] | None = None,
         on_replica_failure: Callable[[str, BaseException], None] | None = None,
@@ -231,11 +231,14 @@ class LoadBalancer:
         if self._on_change is not None:
             self._on_change()
 
-    def remove_replica(self, replica_id: str) -> list[str]:
+    def remove_replica(self, replica_id: str) -> KeysView[str]:
         """Stop routing to ``replica_id``; return the ids of requests still running on it.
 
-        Its sticky entries become invalid at once. The running requests are not touched: the
-        caller aborts them (they are then retried elsewhere) or calls :meth:`evict`.
+        The ids are a live view (it shrinks as they end; ``list()`` it to keep them): copying
+        them for each of 512 replicas leaving at once took milliseconds of one loop iteration,
+        and the controller does not need them. Its sticky entries become invalid at once. The
+        running requests are not touched: the caller aborts them (they are then retried
+        elsewhere) or calls :meth:`evict`.
         """
         if replica_id not in self._replicas:
             raise RuntimeStateError(
@@ -254,7 +257,7 @@ class LoadBalancer:
         logger.debug("replica %s removed from routing (%d requests running on it)", replica_id, c)
         if self._on_change is not None:
             self._on_change()
-        return list(self._by_replica.get(replica_id, ()))
+        return self._by_replica.get(replica_id, {}).keys()
 
     def has_replica(self, replica_id: str) -> bool:
         """True while ``replica_id`` is routable."""
