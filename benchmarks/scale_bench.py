@@ -253,42 +253,57 @@ def _row_lag(r: dict[str, Any]) -> float:
 
 
 def _model(rows: list[dict[str, Any]]) -> None:
-    """docs/scaling.md's model, fitted on two rows, against every row and at saturation.
+    """docs/scaling.md's model, fitted on three rows, against every row and at saturation.
 
-    With batched aborts the re-queue puts at most ``retry_batch`` hand-backs and retries into
-    one loop iteration, so the largest iteration is one of two kinds: the one where all H
-    replicas' lifecycle calls (same latency) come back together, ``H x c_op``, or the one where
-    the per-request dictionaries (running, current attempt, attempt futures, tasks, sticky
-    sessions; same keys, same churn) are rebuilt together, ``N x c_dict``.
+    The lag monitor's overshoot spans about two loop iterations, and the heaviest iteration of
+    a transition carries at most ``retry_batch`` hand-backs and retries (``c_move`` each), the
+    starts or replies of at most ``fanout`` lifecycle calls (``c_op`` each), and the rebuild of
+    one per-request shard (``N / 64`` entries, ``c_dict`` each):
+    ``lag ~ 2 x (retry_batch x c_move + min(H, fanout) x c_op + N / 64 x c_dict)``.
     """
-    small = {(r["hybrid"], r["in_flight"]): r for r in rows}
-    h_fit = small.get((128, min(LOADS)), rows[0])
-    n_fit = small.get((16, max(LOADS)), rows[-1])
-    c_op = _row_lag(h_fit) / h_fit["hybrid"]  # ms per hybrid replica
-    c_dict = _row_lag(n_fit) / n_fit["in_flight"]  # ms per request in flight
+    from dynres.runtime.loop.balancer import _SHARDS, LoadBalancer
+    from dynres.runtime.loop.ops import OpRunner
+
+    rb = LoadBalancer().retry_batch
+    fanout = OpRunner(timeout_s=1.0, now=float).fanout
+    by = {(r["hybrid"], r["in_flight"]): r for r in rows}
+    move_fit = by.get((16, min(LOADS)), rows[0])
+    op_fit = by.get((512, min(LOADS)), rows[-1])
+    dict_fit = by.get((16, max(LOADS)), rows[-1])
+    c_move = (move_fit["deact_cpu_s"] + move_fit["act_cpu_s"]) / (move_fit["deact_moved"] + move_fit["act_moved"])
+    base = rb * c_move * 1000  # ms
+    c_op = max(0.0, _row_lag(op_fit) / 2 - base) / min(op_fit["hybrid"], fanout)  # ms
+    c_dict = max(1e-6, _row_lag(dict_fit) / 2 - base - min(dict_fit["hybrid"], fanout) * c_op) / (
+        dict_fit["in_flight"] / _SHARDS
+    )  # ms
+
+    def model(h: int, n: int) -> float:
+        return 2 * (base + min(h, fanout) * c_op + n / _SHARDS * c_dict)
+
     print()
     print(
-        f"model (docs/scaling.md): largest lag ~ max(H x c_op, N x c_dict), c_op = {c_op * 1000:.0f} us per hybrid "
-        f"replica (fitted at {h_fit['standalone']}+{h_fit['hybrid']}, {h_fit['in_flight']:,}), c_dict = "
-        f"{c_dict * 1e6:.0f} ns per request in flight (fitted at {n_fit['standalone']}+{n_fit['hybrid']}, "
-        f"{n_fit['in_flight']:,})"
+        f"model (docs/scaling.md): largest lag ~ 2 x (retry_batch x c_move + min(H, fanout) x c_op + N / {_SHARDS} x "
+        f"c_dict), retry_batch = {rb}, fanout = {fanout}, c_move = {c_move * 1e6:.0f} us (CPU per moved request, "
+        f"{move_fit['standalone']}+{move_fit['hybrid']}), c_op = {c_op * 1000:.0f} us (fitted at "
+        f"{op_fit['standalone']}+{op_fit['hybrid']}, {op_fit['in_flight']:,}), c_dict = {c_dict * 1e6:.0f} ns "
+        f"(fitted at {dict_fit['standalone']}+{dict_fit['hybrid']}, {dict_fit['in_flight']:,})"
     )
     print(f"{'S+H':>9s} {'in flight':>9s} | {'lag ms model':>12s} {'measured':>8s}")
     for r in rows:
-        model = max(r["hybrid"] * c_op, r["in_flight"] * c_dict)
         size = f"{r['standalone']}+{r['hybrid']}"
-        print(f"{size:>9s} {r['in_flight']:9,d} | {model:12.1f} {_row_lag(r):8.1f}")
-    h_model = 10.0 / c_op
-    n_model = 10.0 / c_dict
-    measured = _crossing([(r["hybrid"], _row_lag(r)) for r in rows if r["in_flight"] == min(LOADS)], 10.0)
+        print(f"{size:>9s} {r['in_flight']:9,d} | {model(r['hybrid'], r['in_flight']):12.1f} {_row_lag(r):8.1f}")
+    room = 5.0 - base - fanout * c_op  # ms of one iteration left for the shard rebuild
+    n_star = room / c_dict * _SHARDS if room > 0 else 0.0
     print(
-        f"saturation (largest lag reaches 10 ms): model H = {h_model:.0f} hybrid replicas at {min(LOADS):,} in "
-        f"flight, measured H = {measured}; model N = {n_model:,.0f} requests in flight"
+        f"saturation (largest lag reaches 10 ms): model N = {n_star:,.0f} requests in flight at any H >= {fanout} "
+        f"(H alone no longer saturates it: at most {fanout} calls start per iteration); measured: "
+        f"{_crossing([(r['in_flight'], _row_lag(r)) for r in rows if r['hybrid'] == max(h for _, h in SIZES)], 10.0)}"
+        " requests in flight at the largest size"
     )
 
 
 def _crossing(points: list[tuple[int, float]], limit: float) -> str:
-    """Where a series of (replicas, lag ms) crosses ``limit``, interpolated on log(replicas)."""
+    """Where a series of (x, lag ms) crosses ``limit``, interpolated on log(x)."""
     import itertools
     import math
 
@@ -317,6 +332,9 @@ def _verdict(key: str, value: float) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="only 16 + 16 replicas, no simulation")
+    ap.add_argument(
+        "--size", action="append", metavar="S+H", help="only this size (repeatable, e.g. --size 512+512); no simulation"
+    )
     ap.add_argument("--child", nargs=3, type=int, metavar=("S", "H", "N"), help=argparse.SUPPRESS)
     ap.add_argument("--no-routing", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--child-sim", action="store_true", help=argparse.SUPPRESS)
@@ -339,6 +357,11 @@ def main() -> int:
     print(head)
     print("-" * len(head))
     sizes = SIZES[:1] if args.quick else SIZES
+    if args.size:
+        wanted = {tuple(int(x) for x in sz.split("+")) for sz in args.size}
+        sizes = tuple(sz for sz in SIZES if sz in wanted)
+        if not sizes:
+            ap.error(f"--size: pick from {', '.join(f'{s}+{h}' for s, h in SIZES)}")
     rows = []
     for s, h in sizes:
         for n in LOADS:
@@ -382,7 +405,7 @@ def main() -> int:
         "deact_512_vs_1": ratio,
         "kb_per_request": max(r["kb_per_request"] for r in rows if r["in_flight"] == max(LOADS)),
     }
-    if not args.quick:
+    if not args.quick and not args.size:
         sim = _spawn(["--child-sim"])
         summary["sim_512_s"] = sim["sim_cpu_s"]
         print(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections import Counter
+from collections.abc import KeysView
 from typing import Any
 
 import pytest
@@ -32,7 +33,7 @@ class LoggingBalancer(LoadBalancer):
         super().add_replica(replica)
         self._note("add", replica.replica_id)
 
-    def remove_replica(self, replica_id: str) -> list[str]:
+    def remove_replica(self, replica_id: str) -> KeysView[str]:
         out = super().remove_replica(replica_id)
         self._note("remove", replica_id)
         return out

@@ -277,3 +277,56 @@ def test_cluster_config_rejects_typos_and_empty_slots():
         validate_model(RayClusterConfig, {"adress": "auto"}, "cluster")
     with pytest.raises(ConfigError, match="reserve some resource"):
         validate_model(RayClusterConfig, {"slot": {"CPU": 0}}, "cluster")
+
+
+@pytest.mark.parametrize("hybrid_target", ["dynres.runtime.backends.fake:FakeReplica", _PayloadReplica])
+def test_deactivation_takes_the_batched_path_and_keeps_partial_output(ray_session, hybrid_target):
+    """A real deactivation on Ray replicas: one abort_batch reply per replica, every request
+    finishes exactly once elsewhere, resumed from the output it had (both a hosted replica
+    with abort_batch and one with only abort, which the actor batches itself)."""
+    from dynres.runtime.loop.balancer import LoadBalancer
+    from dynres.runtime.loop.controller import Controller
+    from dynres.runtime.loop.ops import OpRunner
+
+    kw = {"tokens_per_s": 40.0, "response_tokens": 80}
+    cluster, system = _start(
+        Factory("dynres.runtime.backends.fake:FakeReplica", kw),
+        Factory(hybrid_target, kw),
+        Factory("dynres.runtime.backends.fake:FakeTrainEngine"),
+    )
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        (h,) = system.hybrid
+        lb = LoadBalancer(seed=0)
+        assert lb.can_batch_abort(h), "a Ray replica must take the batched path"
+        for r in system.standalone:
+            lb.add_replica(r)
+        ctl = Controller(
+            balancer=lb,
+            train_engine=system.trainer,
+            hybrid=system.hybrid,
+            standalone=system.standalone,
+            ops=OpRunner(timeout_s=30.0, now=loop.time),
+            now=loop.time,
+        )
+        assert await ctl.activate(WeightUpdate(1))
+        reqs = [GenerationRequest(f"b{i}/0", f"b{i}", [1], max_tokens=80) for i in range(12)]
+        tasks = [asyncio.ensure_future(lb.generate(q)) for q in reqs]
+        await asyncio.sleep(0.8)  # every request has output by now (40 tokens/s)
+        on_hybrid = set(lb.running_on(h.replica_id))
+        assert on_hybrid, "the hybrid replica took no request"
+        await ctl.deactivate()
+        assert ctl.ops.failures == [] and not ctl.quarantined
+        results = await asyncio.wait_for(asyncio.gather(*tasks), 60)
+        assert sorted(r.request_id for r in results) == sorted(q.request_id for q in reqs)
+        assert all(list(r.token_ids) == list(range(80)) and not r.aborted for r in results)
+        assert {r.replica_id for r in results if r.request_id in on_hybrid} <= {s.replica_id for s in system.standalone}
+        # Each moved request went on from the tokens it had: resumed, never restarted.
+        assert lb.counters.aborted == len(on_hybrid) == lb.counters.resumed
+        assert lb.counters.restarted == 0 and lb.counters.duplicates == 0 and lb.counters.completed == 12
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        asyncio.run(cluster.shutdown())

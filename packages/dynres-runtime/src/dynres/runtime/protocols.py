@@ -219,6 +219,38 @@ class BatchedReplica(Protocol):
         ...
 
 
+_BATCHED: dict[type, bool] = {}
+
+
+def takes_batched_path(replica: object) -> bool:
+    """True when ``replica`` is a :class:`BatchedReplica` to drive through ``submit`` and ``abort_batch``.
+
+    Decided by the class (cached): both methods must be defined on it, not reached through
+    ``__getattr__``. A subclass that overrides ``generate`` or ``abort`` below the class that
+    defines them, or an instance whose ``generate`` or ``abort`` was replaced (a wrapper that
+    injects faults), takes the plain path, so that code keeps running.
+    """
+    cls = type(replica)
+    ok = _BATCHED.get(cls)
+    if ok is None:
+        mro = cls.__mro__
+
+        def owner(name: str) -> int:
+            return next((i for i, c in enumerate(mro) if name in c.__dict__), len(mro))
+
+        ok = (
+            owner("submit") < len(mro)
+            and owner("abort_batch") < len(mro)
+            and owner("generate") >= owner("submit")
+            and owner("abort") >= owner("abort_batch")
+        )
+        _BATCHED[cls] = ok
+    if ok:
+        own = getattr(replica, "__dict__", None)
+        return not (own and ("generate" in own or "abort" in own))
+    return False
+
+
 @dataclass(frozen=True)
 class TrainStepResult:
     """What one trainer fit step reports."""

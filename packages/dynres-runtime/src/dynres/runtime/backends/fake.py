@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import heapq
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -231,10 +232,9 @@ class _Gen:
             return  # pause/resume, advance or finish wake it again
         self.remaining_s = (self.target - self.progress) / r.tokens_per_s
         self.t0 = now
-        # The timer is left to fire even when something else wakes the request first:
-        # cancelling thousands of timers at once (an abort) makes asyncio rebuild its timer
-        # heap inside one loop iteration. A stale timer only re-evaluates the request early.
-        loop.call_at(now + self.remaining_s, self.wake)
+        # The wake-up is left to come even when something else wakes the request first
+        # (an abort, a pause): a stale one only re-evaluates the request early.
+        r._wake_at(loop, now + self.remaining_s, self)
 
     def end(self, outcome: GenerationResult | BaseException | None) -> None:
         """Leave the replica with ``outcome`` (None: the future was cancelled)."""
@@ -313,7 +313,8 @@ class FakeReplica(_FaultsMixin):
         :param asleep: start asleep and paused (default: True for hybrid replicas).
         :param manual: requests only progress through :meth:`advance` / :meth:`finish`.
         :param abort_chunk: an abort wakes this many requests per event-loop iteration, the way a
-            real engine streams its abort outputs (keeps the loop responsive).
+            real engine streams its abort outputs (keeps the loop responsive); ``abort_batch``
+            takes twice as many out per iteration (it wakes none).
         :param log: op log to append to (share one list between fakes to order across them).
         :param log_generate: also log generate calls (turn off in benchmarks).
         """
@@ -364,6 +365,15 @@ class FakeReplica(_FaultsMixin):
         """request id -> partial tokens it carried when it arrived here (only if > 0)."""
         self._gens: dict[str, _Gen] = {}
         self._death_armed = False
+        # Requests' wake-ups: a heap of (loop time, order, request) behind one loop timer per
+        # replica. The replica stands in for an engine in another process; a timer per request
+        # would put 100,000 entries into the coordinator loop's own timer heap, whose every push
+        # and pop (the runtime's timeouts and sleeps included) then costs ~17 Python-level
+        # comparisons with cache misses.
+        self._wakeups: list[tuple[float, int, _Gen]] = []
+        self._wakeup_order = 0
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = math.inf
 
     # ---- Convenience --------------------------------------------------------------------
 
@@ -394,6 +404,26 @@ class FakeReplica(_FaultsMixin):
         g = self._gens[request_id]
         g.progress = float(g.target)
         g.wake()
+
+    def _wake_at(self, loop: asyncio.AbstractEventLoop, when: float, gen: _Gen) -> None:
+        """Wake ``gen`` at loop time ``when`` (through this replica's one timer)."""
+        self._wakeup_order += 1
+        heapq.heappush(self._wakeups, (when, self._wakeup_order, gen))
+        if when < self._timer_at:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer_at = when
+            self._timer = loop.call_at(when, self._fire, loop)
+
+    def _fire(self, loop: asyncio.AbstractEventLoop) -> None:
+        due = max(loop.time(), self._timer_at)  # the loop runs a timer up to a clock tick early
+        self._timer, self._timer_at = None, math.inf
+        wakeups = self._wakeups
+        while wakeups and wakeups[0][0] <= due:
+            heapq.heappop(wakeups)[2].wake()
+        if wakeups and self._timer is None:
+            self._timer_at = wakeups[0][0]
+            self._timer = loop.call_at(self._timer_at, self._fire, loop)
 
     def _target_len(self, req: GenerationRequest) -> int:
         n = req.extra.get("response_tokens")
@@ -452,7 +482,7 @@ class FakeReplica(_FaultsMixin):
         self._gens[rid] = gen
         delay = self.latency["generate"]
         if delay > 0:
-            loop.call_later(delay, gen.wake)  # the first token comes after the latency
+            self._wake_at(loop, loop.time() + delay, gen)  # the first token comes after the latency
         else:
             gen.wake()
         return fut
@@ -488,23 +518,30 @@ class FakeReplica(_FaultsMixin):
     async def abort_batch(self, request_ids: Sequence[str] | None = None) -> Sequence[GenerationResult]:
         """Abort the given requests (None = all) and return their partial results in one reply.
 
-        The requests leave the replica at once (it may sleep right after); their futures from
+        The requests leave the replica when the call arrives (after an injected hang or failure,
+        which leave them running), the way an engine stops them on receipt; the reply comes
+        after the abort latency, and the replica may sleep right after. Their futures from
         :meth:`submit` never complete. Results are built when read.
         """
         self._check_alive("abort")
-        await self._enter("abort", "all" if request_ids is None else f"{len(request_ids)} requests")
+        self._record("abort", "start", "all" if request_ids is None else f"{len(request_ids)} requests")
+        await self._inject("abort")
         at = asyncio.get_running_loop().time()
         if request_ids is None:
             gens = list(self._gens.values())
             self._gens = {}
         else:
             gens = []
+            chunk = 2 * self.abort_chunk  # a pop is cheaper than an abort's wake-up
             for i, rid in enumerate(request_ids):
                 g = self._gens.pop(rid, None)
                 if g is not None:
                     gens.append(g)
-                if (i + 1) % self.abort_chunk == 0:
+                if (i + 1) % chunk == 0:
                     await asyncio.sleep(0)  # a big rebalance plan does not hold the loop
+        delay = self.latency.get("abort", 0.0)
+        if delay > 0:
+            await asyncio.sleep(delay)
         if self.log_generate:
             for g in gens:
                 self._record("generate", "end", f"{g.request.request_id} tokens={g.produced_at(at)} (batch abort)")

@@ -31,6 +31,16 @@ before the abort and is still waiting. Other replicas are awaited as before.
 A replica removed while requests still run on it may be added again before they return (a
 replica back from probation): its count starts at those requests, so each one's release still
 balances; :meth:`LoadBalancer.release` of a request that is not running is a no-op.
+
+**No big table in one piece.** Everything kept per request (the running attempt, the request's
+current partial output, its sticky entry, the completed ids) lives in ``_SHARDS`` dicts picked by
+the id's hash, never in one dict of all requests. CPython grows or compacts a dict in one step,
+copying every entry (a dict whose keys come and go, like these, is compacted once per its size
+in inserts): at 100,000 requests in flight one such step took 5-25 ms, and a sticky-session
+``OrderedDict`` twice that, all inside one loop iteration. A shard holds a ``1/_SHARDS`` share,
+so its rebuild is as short. What :meth:`LoadBalancer.generate` keeps about a running attempt
+(its task and futures) is one :class:`_Attempt` record instead of parallel dicts; ``route`` and
+``release`` themselves store only strings and ints, which the garbage collector does not track.
 """
 
 from __future__ import annotations
@@ -40,15 +50,32 @@ import functools
 import logging
 import random
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, KeysView, Sequence
 from dataclasses import dataclass
-from itertools import islice, repeat
+from itertools import islice
 
 from dynres.core.errors import ReplicaUnavailableError, RuntimeStateError
 from dynres.runtime.loop.gcpolicy import defer_full_collections, resume_full_collections
-from dynres.runtime.protocols import GenerationRequest, GenerationResult, Replica
+from dynres.runtime.protocols import GenerationRequest, GenerationResult, Replica, takes_batched_path
 
 logger = logging.getLogger("dynres.runtime.loop.balancer")
+
+_SHARDS = 64  # per-request tables are split this many ways (a power of two; see the module doc)
+_MASK = _SHARDS - 1
+_STICKY_SHARD_MIN = 1024  # fewer sticky shards when they would hold less (small capacities stay exact LRU)
+
+
+class _Attempt:
+    """What generate() keeps about one attempt running on a replica (from route to release)."""
+
+    __slots__ = ("fut", "replica_id", "serial", "task", "waiter")
+
+    def __init__(self, replica_id: str) -> None:
+        self.replica_id = replica_id
+        self.task: asyncio.Task[object] | None = None  # the generate() task awaiting it (evict cancels it)
+        self.fut: asyncio.Future[GenerationResult] | None = None  # a batched replica's future
+        self.waiter: asyncio.Future[GenerationResult] | None = None  # what the task awaits instead
+        self.serial = 0  # abort serial when it started: a batch abort answers only older attempts
 
 
 @dataclass
@@ -87,7 +114,7 @@ class LoadBalancer:
         sticky_capacity: int = 100_000,
         partial_rollout: bool = True,
         max_failed_attempts: int = 8,
-        retry_batch: int = 32,
+        retry_batch: int = 8,
         completed_window: int = 100_000,
         on_change: Callable[[], None] | None = None,
         on_replica_failure: Callable[[str, BaseException], None] | None = None,
@@ -95,7 +122,9 @@ class LoadBalancer:
         """Create an empty balancer.
 
         :param seed: seed of the tie-break RNG (same seed, same routing).
-        :param sticky_capacity: most sticky entries kept (count; least recently used go first).
+        :param sticky_capacity: most sticky entries kept (count). Above 2,048 the entries are
+            split over up to 64 shards by request id, each an LRU of its share, so the least
+            recently used of a shard go first (below that, exactly the least recently used).
         :param partial_rollout: resume aborted requests from their partial output.
         :param max_failed_attempts: replica failures one request may hit before its error is
             raised to the caller (count; aborts do not count).
@@ -132,23 +161,38 @@ class LoadBalancer:
         self._buckets: list[list[str]] = [[]]
         self._pos: dict[str, int] = {}
         self._min = 0
-        # request id -> replica id for every attempt running now (removed replicas included).
-        self._running: dict[str, str] = {}
-        # replica id -> its running request ids, oldest first (dict keeps insertion order).
-        self._by_replica: dict[str, dict[str, None]] = {}
-        # request id -> the request of its current attempt (partial output of earlier attempts).
-        self._current: dict[str, GenerationRequest] = {}
-        self._sticky: OrderedDict[str, tuple[str, int]] = OrderedDict()
-        # Requests a rebalance moves: their sticky entries no longer count (see plan_rebalance).
-        self._unstick: set[str] = set()
-        self._tasks: dict[str, asyncio.Task[object]] = {}
+        # Shard hash(request id) & _MASK: request id -> replica id, for every attempt running now
+        # (removed replicas included).
+        self._running: list[dict[str, str]] = [{} for _ in range(_SHARDS)]
+        self._n_running = 0
+        # replica id -> its running request ids -> their routing sequence numbers, oldest first
+        # (dict keeps insertion order; rebalance plans name attempts by ranges of these numbers).
+        self._by_replica: dict[str, dict[str, int]] = {}
+        # Shard hash(request id) & _MASK: request id -> its attempt's record, for attempts that
+        # generate() runs (plain route()/release() callers have none).
+        self._attempts: list[dict[str, _Attempt]] = [{} for _ in range(_SHARDS)]
+        self._seq = 0
+        # replica id -> [lo, hi) ranges of attempt seqs a rebalance picked there (see plan_rebalance).
+        self._moved: dict[str, list[tuple[int, int]]] = {}
+        # Shard hash(request id) & _MASK: request id -> the request of its current attempt
+        # (partial output of earlier attempts), from generate() until it returns.
+        self._current: list[dict[str, GenerationRequest]] = [{} for _ in range(_SHARDS)]
+        n = 1
+        while n < _SHARDS and sticky_capacity // (2 * n) >= _STICKY_SHARD_MIN:
+            n *= 2
+        self._sticky_mask = n - 1
+        self._sticky_shard_capacity = sticky_capacity // n
+        # Shard hash(request id) & _sticky_mask: request id -> (replica id, its epoch), an LRU each.
+        self._sticky: list[OrderedDict[str, tuple[str, int]]] = [OrderedDict() for _ in range(n)]
         self._evicting: set[str] = set()
-        # Ids of completed requests in two generations: lookups check both; when the newer one
-        # fills up it becomes the older one and the old one is dropped (O(1), bounded memory).
+        # Ids of completed requests in two generations (each sharded): lookups check both; when
+        # the newer one fills up it becomes the older one and the old one is dropped (O(1),
+        # bounded memory).
         self.completed_window = max(1, completed_window)
         """Completed request ids remembered for duplicate detection (count, at least)."""
-        self._completed: set[str] = set()
-        self._completed_old: set[str] = set()
+        self._completed: list[set[str]] = [set() for _ in range(_SHARDS)]
+        self._completed_old: list[set[str]] = [set() for _ in range(_SHARDS)]
+        self._n_completed = 0
         self._available: asyncio.Event | None = None
         self._idle_waiters: dict[str, list[asyncio.Future[None]]] = {}
         self._all_idle_waiters: list[asyncio.Future[None]] = []
@@ -157,11 +201,6 @@ class LoadBalancer:
         self._retry_waiters: deque[asyncio.Future[None]] = deque()
         self._retry_pump_scheduled = False
         self._retry_stretch = False
-        # request id -> (replica's future, the future its request waits on, replica id, abort
-        # serial at start) for attempts on batched replicas.
-        self._attempts: dict[
-            str, tuple[asyncio.Future[GenerationResult], asyncio.Future[GenerationResult], str, int]
-        ] = {}
         # Batches of aborted results not yet handed back: [replica id, serial, results, next index].
         self._handback: deque[list] = deque()
         self._handback_pending = 0
@@ -192,11 +231,14 @@ class LoadBalancer:
         if self._on_change is not None:
             self._on_change()
 
-    def remove_replica(self, replica_id: str) -> list[str]:
+    def remove_replica(self, replica_id: str) -> KeysView[str]:
         """Stop routing to ``replica_id``; return the ids of requests still running on it.
 
-        Its sticky entries become invalid at once. The running requests are not touched: the
-        caller aborts them (they are then retried elsewhere) or calls :meth:`evict`.
+        The ids are a live view (it shrinks as they end; ``list()`` it to keep them): copying
+        them for each of 512 replicas leaving at once took milliseconds of one loop iteration,
+        and the controller does not need them. Its sticky entries become invalid at once. The
+        running requests are not touched: the caller aborts them (they are then retried
+        elsewhere) or calls :meth:`evict`.
         """
         if replica_id not in self._replicas:
             raise RuntimeStateError(
@@ -215,7 +257,7 @@ class LoadBalancer:
         logger.debug("replica %s removed from routing (%d requests running on it)", replica_id, c)
         if self._on_change is not None:
             self._on_change()
-        return list(self._by_replica.get(replica_id, ()))
+        return self._by_replica.get(replica_id, {}).keys()
 
     def has_replica(self, replica_id: str) -> bool:
         """True while ``replica_id`` is routable."""
@@ -242,33 +284,31 @@ class LoadBalancer:
 
         Sticky replica first (while registered), else the least loaded with a random tie-break.
         """
-        if request_id in self._running:
+        h = hash(request_id)
+        running_shard = self._running[h & _MASK]
+        if request_id in running_shard:
             raise RuntimeStateError(
                 f"request {request_id!r} is already running on replica "
-                f"{self._running[request_id]!r}; release it before routing it again"
+                f"{running_shard[request_id]!r}; release it before routing it again"
             )
         if not self._replicas:
             raise ReplicaUnavailableError(f"no replica is routable for request {request_id!r}; add a replica first")
         rid = None
-        sticky = self._sticky.get(request_id)
-        if self._unstick and request_id in self._unstick:
-            self._unstick.discard(request_id)
-            if sticky is not None:
-                del self._sticky[request_id]
-                sticky = None
+        sticky_shard = self._sticky[h & self._sticky_mask]
+        sticky = sticky_shard.get(request_id)
         if sticky is not None:
             if self._epoch.get(sticky[0]) == sticky[1]:
                 rid = sticky[0]
-                self._sticky.move_to_end(request_id)
+                sticky_shard.move_to_end(request_id)
             else:
-                del self._sticky[request_id]
+                del sticky_shard[request_id]
         if rid is None:
             bucket = self._buckets[self._min]
             rid = bucket[int(self._rng.random() * len(bucket))] if len(bucket) > 1 else bucket[0]
             if self.sticky_capacity:
-                self._sticky[request_id] = (rid, self._epoch[rid])
-                if len(self._sticky) > self.sticky_capacity:
-                    self._sticky.popitem(last=False)
+                sticky_shard[request_id] = (rid, self._epoch[rid])
+                if len(sticky_shard) > self._sticky_shard_capacity:
+                    sticky_shard.popitem(last=False)
         # The bucket moves of _bucket_remove/_bucket_add, inlined: this runs once per decision.
         count, pos, buckets = self._count, self._pos, self._buckets
         c = count[rid]
@@ -286,8 +326,10 @@ class LoadBalancer:
         count[rid] = c + 1
         if c == self._min and not b:
             self._min = c + 1
-        self._running[request_id] = rid
-        self._by_replica[rid][request_id] = None
+        self._seq += 1
+        running_shard[request_id] = rid
+        self._by_replica[rid][request_id] = self._seq
+        self._n_running += 1
         self.counters.routed += 1
         return self._replicas[rid]
 
@@ -296,12 +338,16 @@ class LoadBalancer:
 
         A no-op when ``request_id`` is not running (never routed, or already released).
         """
-        rid = self._running.pop(request_id, None)
+        h = hash(request_id)
+        rid = self._running[h & _MASK].pop(request_id, None)
         if rid is None:
             return
+        self._n_running -= 1
         running = self._by_replica.get(rid)
         if running is not None:
-            running.pop(request_id, None)
+            seq = running.pop(request_id, 0)
+            if self._moved and self._is_moved(rid, seq):  # its next attempt routes by load (see plan_rebalance)
+                self._sticky[h & self._sticky_mask].pop(request_id, None)
             if not running:
                 if rid not in self._replicas:
                     del self._by_replica[rid]
@@ -310,7 +356,7 @@ class LoadBalancer:
                     for fut in waiters:
                         if not fut.done():
                             fut.set_result(None)
-        if not self._running and self._all_idle_waiters:
+        if not self._n_running and self._all_idle_waiters:
             for fut in self._all_idle_waiters:
                 if not fut.done():
                     fut.set_result(None)
@@ -345,7 +391,7 @@ class LoadBalancer:
     @property
     def total_in_flight(self) -> int:
         """Attempts running on any replica now (count)."""
-        return len(self._running)
+        return self._n_running
 
     def running_on(self, replica_id: str) -> list[str]:
         """Ids of the requests running on ``replica_id``, oldest first."""
@@ -361,7 +407,7 @@ class LoadBalancer:
 
     async def wait_all_idle(self) -> None:
         """Wait until no request attempt runs on any replica (requests waiting for one don't count)."""
-        if not self._running:
+        if not self._n_running:
             return
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._all_idle_waiters.append(fut)
@@ -369,20 +415,24 @@ class LoadBalancer:
 
     def sticky_replica(self, request_id: str) -> str | None:
         """The replica ``request_id`` would stick to, or None (no entry, or its replica left)."""
-        entry = self._sticky.get(request_id)
-        if entry is None or self._epoch.get(entry[0]) != entry[1] or request_id in self._unstick:
+        h = hash(request_id)
+        entry = self._sticky[h & self._sticky_mask].get(request_id)
+        if entry is None or self._epoch.get(entry[0]) != entry[1]:
             return None
-        return entry[0]
+        rid = self._running[h & _MASK].get(request_id)
+        moved = rid is not None and self._is_moved(rid, self._by_replica[rid][request_id])
+        return None if moved else entry[0]
 
     def current_request(self, request_id: str) -> GenerationRequest | None:
         """The request of ``request_id``'s current attempt, with the partial output of earlier
         attempts (None when it is not being generated); checkpoints read it."""
-        return self._current.get(request_id)
+        return self._current[hash(request_id) & _MASK].get(request_id)
 
     def forget_sticky(self, request_ids: Iterable[str]) -> None:
         """Drop the sticky entries of ``request_ids`` (they route by load next time)."""
-        # Looped in C (a rebalance forgets tens of thousands at once, inside one loop iteration).
-        deque(map(self._sticky.pop, request_ids, repeat(None)), maxlen=0)
+        shards, mask = self._sticky, self._sticky_mask
+        for r in request_ids:
+            shards[hash(r) & mask].pop(r, None)
 
     # ---- Generation with retry ------------------------------------------------------------
 
@@ -396,25 +446,27 @@ class LoadBalancer:
         try:
             return await self._generate(request)
         finally:
-            self._current.pop(request.request_id, None)
+            self._current[hash(request.request_id) & _MASK].pop(request.request_id, None)
 
     async def _generate(self, request: GenerationRequest) -> GenerationResult:
         req = request
         failures = 0
         task = asyncio.current_task()
+        h = hash(req.request_id) & _MASK
+        current, attempts = self._current[h], self._attempts[h]
         while True:
-            self._current[req.request_id] = req
+            current[req.request_id] = req
             while not self._replicas and not self._draining:
                 await self._event().wait()
             if self._draining:
                 self.counters.parked += 1
                 return _parked(req)
             replica = self.route(req.request_id)
-            if task is not None:
-                self._tasks[req.request_id] = task
+            att = attempts[req.request_id] = _Attempt(replica.replica_id)
+            att.task = task
             try:
                 if _batched(replica):
-                    result = await self._start_attempt(replica, req)
+                    result = await self._start_attempt(replica, req, att)
                 else:
                     result = await replica.generate(req)
             except asyncio.CancelledError:
@@ -432,11 +484,13 @@ class LoadBalancer:
                     raise
                 result = _parked(req, replica.replica_id)
             finally:
-                self._evicting.discard(req.request_id)
-                self._tasks.pop(req.request_id, None)
-                attempt = self._attempts.pop(req.request_id, None)
-                if attempt is not None and not attempt[0].done():
-                    attempt[0].cancel()  # evicted, cancelled, or handed back in a batch
+                if self._evicting:
+                    self._evicting.discard(req.request_id)
+                if attempts.get(req.request_id) is att:
+                    del attempts[req.request_id]
+                fut = att.fut
+                if fut is not None and not fut.done():
+                    fut.cancel()  # evicted, cancelled, or handed back in a batch
                 self.release(req.request_id)
             if not result.aborted:
                 self._note_completed(req.request_id)
@@ -451,17 +505,22 @@ class LoadBalancer:
 
     def _note_completed(self, request_id: str) -> None:
         """Remember ``request_id`` as completed; count a duplicate if it completed before."""
-        if request_id in self._completed or request_id in self._completed_old:
+        h = hash(request_id) & _MASK
+        new = self._completed[h]
+        if request_id in new or request_id in self._completed_old[h]:
             self.counters.duplicates += 1
-        self._completed.add(request_id)
-        if len(self._completed) >= self.completed_window:
-            self._completed_old = self._completed
-            self._completed = set()
+        if request_id not in new:
+            new.add(request_id)
+            self._n_completed += 1
+            if self._n_completed >= self.completed_window:
+                self._completed_old = self._completed
+                self._completed = [set() for _ in range(_SHARDS)]
+                self._n_completed = 0
 
     @property
     def completed_remembered(self) -> int:
         """Completed request ids kept for duplicate detection now (count; at most twice the window)."""
-        return len(self._completed) + len(self._completed_old)
+        return self._n_completed + sum(map(len, self._completed_old))
 
     async def _retry_slot(self) -> None:
         """Wait for one of the ``retry_batch`` retry slots of the current loop iteration."""
@@ -512,11 +571,13 @@ class LoadBalancer:
             return req
         return req.resumed((), ())
 
-    def _start_attempt(self, replica: Replica, req: GenerationRequest) -> asyncio.Future[GenerationResult]:
+    def _start_attempt(
+        self, replica: Replica, req: GenerationRequest, att: _Attempt
+    ) -> asyncio.Future[GenerationResult]:
         """Submit ``req`` to a batched replica; return the future its request waits on."""
         waiter: asyncio.Future[GenerationResult] = asyncio.get_running_loop().create_future()
         fut = replica.submit(req)  # type: ignore[attr-defined]
-        self._attempts[req.request_id] = (fut, waiter, replica.replica_id, self._abort_serial)
+        att.fut, att.waiter, att.serial = fut, waiter, self._abort_serial
         fut.add_done_callback(functools.partial(_forward, waiter))
         return waiter
 
@@ -549,18 +610,26 @@ class LoadBalancer:
 
     def _hand_back(self, budget: int) -> None:
         """Deliver up to ``budget`` batch-aborted results to the attempts still waiting for them."""
-        queue, attempts = self._handback, self._attempts
+        queue = self._handback
         while budget > 0 and queue:
             item = queue[0]
             rid, serial, results, i = item
             end = min(len(results), i + budget)
+            shards = self._attempts
             for k in range(i, end):
                 res = results[k]
-                attempt = attempts.get(res.request_id)
+                req_id = res.request_id
+                att = shards[hash(req_id) & _MASK].get(req_id)
                 # Only the attempt the result belongs to: on this replica, started before the
                 # abort, still waiting (not evicted, cancelled or retried meanwhile).
-                if attempt is not None and attempt[2] == rid and attempt[3] <= serial and not attempt[1].done():
-                    attempt[1].set_result(res)
+                if (
+                    att is not None
+                    and att.replica_id == rid
+                    and att.waiter is not None
+                    and att.serial <= serial
+                    and not att.waiter.done()
+                ):
+                    att.waiter.set_result(res)
             budget -= end - i
             self._handback_pending -= end - i
             if end == len(results):
@@ -582,8 +651,10 @@ class LoadBalancer:
         # The caller may be one of the attempts on this replica (a generate that just failed and
         # reports the failure): it retries on its own, and cancelling it would lose its sample.
         current = asyncio.current_task()
+        shards = self._attempts
         for req in list(self._by_replica.get(replica_id, ())):
-            task = self._tasks.get(req)
+            att = shards[hash(req) & _MASK].get(req)
+            task = att.task if att is not None and att.replica_id == replica_id else None
             if task is not None and task is not current and req not in self._evicting:
                 self._evicting.add(req)
                 task.cancel()
@@ -606,28 +677,67 @@ class LoadBalancer:
         Returns replica id -> request ids to abort on it. Only replicas above
         ``ceil(total / replicas)`` give requests away, their most recently started first (they
         have the least output to re-prefill). The picked requests lose their sticky entries so
-        their retries go to the least loaded replicas (the new ones). Nothing else is touched.
+        their retries go to the least loaded replicas (the new ones). The picks are remembered
+        as one range of routing sequence numbers per replica (the newest ``c - target`` are
+        consecutive in its table) and each entry goes when its attempt ends (:meth:`release`),
+        so the plan touches no per-request record: tens of thousands of picks would otherwise
+        cost as many writes inside one loop iteration. Nothing else is touched.
         """
-        n = len(self._replicas)
-        if n == 0:
-            return {}
-        total = sum(self._count.values())
-        target = -(-total // n)
-        plan: dict[str, list[str]] = {}
-        # Entries of an earlier plan whose requests are gone would never be routed again.
-        self._unstick = {r for r in self._unstick if r in self._running}
-        for rid, c in self._count.items():
-            if c > target:
-                # The newest c - target, oldest first, without copying the replica's whole list.
-                newest = list(islice(reversed(self._by_replica[rid]), c - target))
-                newest.reverse()
-                plan[rid] = newest
-                # Their sticky entries are dropped when they are routed again (route() checks
-                # this set), not here: one set update instead of tens of thousands of LRU pops
-                # inside this one loop iteration.
-                self._unstick.update(newest)
+        target = self._rebalance_target()
+        plan = {rid: self._pick_newest(rid, c - target) for rid, c in list(self._count.items()) if c > target}
         self.counters.rebalanced += sum(len(v) for v in plan.values())
         return plan
+
+    async def plan_rebalance_spread(self, ids_per_iteration: int = 4096) -> dict[str, list[str]]:
+        """:meth:`plan_rebalance`, picking at most about ``ids_per_iteration`` request ids per loop iteration.
+
+        Listing 50,000 ids takes milliseconds on its own; the controller plans this way so that
+        a rebalance at 100,000 requests in flight does not hold the loop while it lists them.
+        One replica's picks are made at once (its newest at that moment); the target is the
+        mean load when the call starts.
+        """
+        target = self._rebalance_target()
+        plan: dict[str, list[str]] = {}
+        picked = 0
+        for rid in list(self._count):
+            c = self._count.get(rid)  # None: it left routing while the plan was being made
+            if c is not None and c > target:
+                plan[rid] = self._pick_newest(rid, c - target)
+                picked += c - target
+                if picked >= ids_per_iteration:
+                    picked = 0
+                    await asyncio.sleep(0)
+        self.counters.rebalanced += sum(len(v) for v in plan.values())
+        return plan
+
+    def _rebalance_target(self) -> int:
+        """Most requests a replica keeps in a rebalance (``ceil(total / replicas)``); drops stale plans."""
+        hi = self._seq + 1
+        for rid, ranges in list(self._moved.items()):
+            # Ranges of earlier plans whose attempts have all ended go.
+            attempts = self._by_replica.get(rid)
+            oldest = next(iter(attempts.values())) if attempts else hi
+            kept = [r for r in ranges if r[1] > oldest]
+            if kept:
+                self._moved[rid] = kept
+            else:
+                del self._moved[rid]
+        n = len(self._replicas)
+        return -(-sum(self._count.values()) // n) if n else 0
+
+    def _pick_newest(self, rid: str, k: int) -> list[str]:
+        """The ``k`` newest requests on ``rid``, oldest first, marked as moved (see :meth:`plan_rebalance`)."""
+        attempts = self._by_replica[rid]
+        # Without copying the replica's whole table.
+        newest = list(islice(reversed(attempts), k))
+        newest.reverse()
+        lo = next(islice(reversed(attempts.values()), k - 1, None))
+        self._moved.setdefault(rid, []).append((lo, self._seq + 1))  # attempts routed later are not in it
+        return newest
+
+    def _is_moved(self, replica_id: str, seq: int) -> bool:
+        """True when a rebalance plan picked the attempt with routing number ``seq`` on ``replica_id``."""
+        return any(lo <= seq < hi for lo, hi in self._moved.get(replica_id, ()))
 
     def start_draining(self) -> None:
         """Stop retrying: from now on aborted or waiting requests return with their partial output."""
@@ -676,39 +786,13 @@ class LoadBalancer:
         if self._replicas:
             assert self._buckets[self._min], "min pointer on an empty bucket"
             assert self._min == min(self._count.values())
-        assert len(self._running) == sum(len(v) for v in self._by_replica.values())
+        assert sum(map(len, self._running)) == self._n_running == sum(len(v) for v in self._by_replica.values())
+        for shard in self._running:
+            for req, rid in shard.items():
+                assert req in self._by_replica[rid], f"{req} not on its replica's table"
 
 
-_BATCHED: dict[type, bool] = {}
-
-
-def _batched(replica: Replica) -> bool:
-    """True when the replica's class has ``submit`` and ``abort_batch`` (cached per class).
-
-    A subclass that overrides ``generate`` or ``abort`` below the class that defines ``submit``
-    and ``abort_batch``, or an instance whose ``generate`` or ``abort`` was replaced (a wrapper
-    that injects faults), is awaited the plain way, so that code keeps running.
-    """
-    cls = type(replica)
-    ok = _BATCHED.get(cls)
-    if ok:
-        own = getattr(replica, "__dict__", None)
-        return not (own and ("generate" in own or "abort" in own))
-    if ok is None:
-        mro = cls.__mro__
-
-        def owner(name: str) -> int:
-            return next((i for i, c in enumerate(mro) if name in c.__dict__), len(mro))
-
-        ok = (
-            owner("submit") < len(mro)
-            and owner("abort_batch") < len(mro)
-            and owner("generate") >= owner("submit")
-            and owner("abort") >= owner("abort_batch")
-        )
-        _BATCHED[cls] = ok
-        return _batched(replica)
-    return ok
+_batched = takes_batched_path
 
 
 def _forward(waiter: asyncio.Future[GenerationResult], fut: asyncio.Future[GenerationResult]) -> None:

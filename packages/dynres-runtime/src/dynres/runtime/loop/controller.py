@@ -439,7 +439,7 @@ class Controller:
             self._require(ControllerState.HYBRID_ACTIVE, action="rebalance")
             t0 = self._now()
             self._set(ControllerState.REBALANCING)
-            plan = self.balancer.plan_rebalance()
+            plan = await self.balancer.plan_rebalance_spread()
             targets = [self.balancer.replica(rid) for rid in plan if plan[rid]]
             ts = self._now()
             _, bad = await self.ops.many("abort", targets, lambda r: self._abort_some(r, plan[r.replica_id]))

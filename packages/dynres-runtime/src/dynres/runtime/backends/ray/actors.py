@@ -6,6 +6,13 @@ Nothing inside blocks that loop: hosted objects are awaited, object-store reads 
 and object-store writes run in a worker thread. Every actor carries a :class:`LoopLagMonitor`
 so that tests (and operators) can prove it.
 
+A replica actor answers ``abort_batch`` for any hosted replica: one reply with every aborted
+request's partial result, so the driver's balancer takes a deactivation back in one message per
+replica (see :class:`~dynres.runtime.protocols.BatchedReplica`). A hosted replica that has
+``abort_batch`` itself is asked directly; for one that has only ``abort`` the actor aborts, waits
+for the aborted ``generate`` calls and collects their results. Either way the ``generate`` calls
+whose results went into the reply return ``None`` to the driver, which drops them.
+
 The classes are plain Python; :func:`dynres.runtime.backends.ray._ray.remote_class` turns them
 into Ray actor classes on first use, so importing this module never imports Ray.
 """
@@ -13,6 +20,7 @@ into Ray actor classes on first use, so importing this module never imports Ray.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import time
 from collections.abc import Sequence
@@ -32,6 +40,7 @@ from dynres.runtime.protocols import (
     TrainEngine,
     TrainStepResult,
     WeightUpdate,
+    takes_batched_path,
 )
 
 
@@ -106,6 +115,11 @@ class ReplicaActor(_Hosted):
         """Remember how to build the replica; :meth:`start` builds it."""
         super().__init__(replica_id, factory, lag_interval_s)
         self._kind = kind
+        # request id -> (the hosted replica's future or task, what the generate call returns, the
+        # callback that passes one on to the other)
+        self._calls: dict[
+            str, tuple[asyncio.Future[GenerationResult], asyncio.Future[GenerationResult | None], Any]
+        ] = {}
 
     async def start(self) -> ActorInfo:
         """Build the replica (``factory(replica_id=..., kind=..., **kwargs)``); idempotent."""
@@ -118,9 +132,50 @@ class ReplicaActor(_Hosted):
             )
         return info
 
-    async def generate(self, request: GenerationRequest) -> GenerationResult:
-        """Generate one response (see Replica.generate)."""
-        return await self._hosted().generate(request)
+    async def generate(self, request: GenerationRequest) -> GenerationResult | None:
+        """Generate one response (see Replica.generate); None when it went back in an abort_batch reply."""
+        hosted = self._hosted()
+        rid = request.request_id
+        inner: asyncio.Future[GenerationResult] = (
+            hosted.submit(request) if takes_batched_path(hosted) else asyncio.ensure_future(hosted.generate(request))
+        )
+        out: asyncio.Future[GenerationResult | None] = asyncio.get_running_loop().create_future()
+        cb = functools.partial(_pass_on, out)
+        inner.add_done_callback(cb)
+        self._calls[rid] = (inner, out, cb)
+        try:
+            return await out
+        finally:
+            if not inner.done():
+                inner.cancel()  # the driver cancelled this call
+            if self._calls.get(rid, (None, None, None))[1] is out:
+                del self._calls[rid]
+
+    async def abort_batch(self, request_ids: Sequence[str] | None = None) -> list[GenerationResult]:
+        """Abort requests (None = all in flight) and return their partial results in one reply."""
+        hosted = self._hosted()
+        if takes_batched_path(hosted):
+            results = list(await hosted.abort_batch(request_ids))
+        else:
+            ids = list(self._calls) if request_ids is None else [r for r in request_ids if r in self._calls]
+            calls = [self._calls[r] for r in ids]
+            for inner, _, cb in calls:
+                inner.remove_done_callback(cb)  # the results are collected here instead
+            try:
+                await hosted.abort(ids)
+            finally:
+                ended = await asyncio.gather(*(inner for inner, _, _ in calls), return_exceptions=True)
+            results = []
+            for (inner, out, _), res in zip(calls, ended, strict=True):
+                if isinstance(res, GenerationResult) and res.finish_reason == "abort":
+                    results.append(res)
+                else:  # it finished (or failed) before the abort reached it: its own call answers
+                    _pass_on(out, inner)
+        for res in results:
+            call = self._calls.get(res.request_id)
+            if call is not None and not call[1].done():
+                call[1].set_result(None)
+        return results
 
     async def abort(self, request_ids: Sequence[str] | None = None) -> list[str]:
         """Abort requests, None = all in flight; return the aborted ids."""
@@ -155,6 +210,18 @@ class ReplicaActor(_Hosted):
         if self._obj is not None:
             await self._obj.shutdown()
         await self._monitor.stop()
+
+
+def _pass_on(out: asyncio.Future[Any], inner: asyncio.Future[Any]) -> None:
+    """Give a generate call the outcome of the hosted replica's future (unless it already has one)."""
+    if out.done():
+        return
+    if inner.cancelled():
+        out.cancel()
+    elif (exc := inner.exception()) is not None:
+        out.set_exception(exc)
+    else:
+        out.set_result(inner.result())
 
 
 class TrainEngineActor(_Hosted):

@@ -1,7 +1,10 @@
 """Driver-side proxies: the Replica and TrainEngine protocols, served by Ray actors.
 
 Every method is ``await handle.method.remote(...)``: awaiting an ``ObjectRef`` suspends the
-calling coroutine instead of blocking the loop the way ``ray.get`` would. A dead actor (crashed
+calling coroutine instead of blocking the loop the way ``ray.get`` would. A :class:`RayReplica`
+is also a :class:`~dynres.runtime.protocols.BatchedReplica`: ``submit`` hands the balancer a
+future that the remote call's reply completes through one callback (no task per request), and
+``abort_batch`` takes all of a deactivation's partial results back in one remote call. A dead actor (crashed
 engine, lost node) surfaces as a :class:`BackendError` naming the replica and its node, which the
 balancer treats as "retry this request elsewhere"; ``health()`` then reports it unhealthy.
 """
@@ -9,6 +12,7 @@ balancer treats as "retry this request elsewhere"; ``health()`` then reports it 
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -61,16 +65,25 @@ class _ActorProxy:
             ray.cancel(ref)
             raise
         except Exception as exc:
-            if is_actor_lost(exc):
-                self.lost_reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-                raise BackendError(
-                    f"actor {self._where()} is lost during {method}() ({self.lost_reason}); "
-                    "its node or process died, so its work is retried on the other replicas"
-                ) from exc
-            cause = getattr(exc, "cause", None)
-            if isinstance(exc, ray.exceptions.RayTaskError) and isinstance(cause, DynresError):
-                raise cause from exc  # keep the hosted object's own one-line message
-            raise
+            err = self._translate(method, exc)
+            if err is exc:
+                raise
+            raise err from exc
+
+    def _translate(self, method: str, exc: BaseException) -> BaseException:
+        """The error to raise for a failed remote call: a lost actor becomes a BackendError naming it."""
+        if is_actor_lost(exc):
+            self.lost_reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            err = BackendError(
+                f"actor {self._where()} is lost during {method}() ({self.lost_reason}); "
+                "its node or process died, so its work is retried on the other replicas"
+            )
+            err.__cause__ = exc
+            return err
+        cause = getattr(exc, "cause", None)
+        if isinstance(exc, require_ray().exceptions.RayTaskError) and isinstance(cause, DynresError):
+            return cause  # keep the hosted object's own one-line message
+        return exc
 
     async def loop_lag(self, reset: bool = False) -> LoopLag:
         """The actor's worst event-loop gap since its last reset."""
@@ -99,7 +112,48 @@ class RayReplica(_ActorProxy):
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         """Generate in the actor; raise BackendError when the actor is lost."""
-        return await self._call("generate", request)
+        return await self.submit(request)
+
+    def submit(self, request: GenerationRequest) -> asyncio.Future[GenerationResult]:
+        """Start ``request`` in the actor; the future completes with its result or error.
+
+        Cancelling the future cancels the remote call. A request whose partial result went back
+        in an :meth:`abort_batch` reply never completes here (the balancer delivers that result).
+        """
+        loop = asyncio.get_running_loop()
+        fut = _RemoteFuture(loop=loop)
+        ref = self._handle.generate.remote(request)
+        fut.ref = ref
+        ref.future().add_done_callback(functools.partial(_from_ray_thread, loop, self._settle, fut))
+        return fut
+
+    def _settle(self, fut: _RemoteFuture, reply: Any) -> None:
+        """Complete ``fut`` with the remote generate call's reply (on the loop's thread)."""
+        fut.ref = None  # the remote call has ended: nothing to cancel there any more
+        if fut.done():
+            return
+        if reply.cancelled():
+            fut.cancel()
+            return
+        exc = reply.exception()
+        if exc is not None:
+            fut.set_exception(self._translate("generate", exc))
+            return
+        result = reply.result()
+        if result is not None:  # None: handed back in an abort_batch reply
+            fut.set_result(result)
+
+    async def abort_batch(self, request_ids: Sequence[str] | None = None) -> list[GenerationResult]:
+        """Abort in the actor (None = all) and return every aborted request's partial result in one reply.
+
+        A lost actor has nothing to hand back (returns []): its requests fail on their own.
+        """
+        try:
+            return await self._call("abort_batch", list(request_ids) if request_ids is not None else None)
+        except BackendError:
+            if self.lost_reason is not None:
+                return []
+            raise
 
     async def abort(self, request_ids: Sequence[str] | None = None) -> list[str]:
         """Abort in the actor; a lost actor has nothing left to abort (returns [])."""
@@ -150,6 +204,27 @@ class RayReplica(_ActorProxy):
                 await self._call("shutdown")
         finally:
             self.kill()
+
+
+class _RemoteFuture(asyncio.Future):  # type: ignore[type-arg]
+    """The driver's future of one remote generate call; cancelling it cancels the call."""
+
+    ref: Any = None
+
+    def cancel(self, msg: Any = None) -> bool:
+        ref, self.ref = self.ref, None
+        done = super().cancel(msg)
+        if done and ref is not None:
+            require_ray().cancel(ref)  # sends a request; never blocks
+        return done
+
+
+def _from_ray_thread(loop: asyncio.AbstractEventLoop, settle: Any, fut: _RemoteFuture, reply: Any) -> None:
+    """Ray completes a reply on its own thread: hand it to the loop's thread."""
+    try:
+        loop.call_soon_threadsafe(settle, fut, reply)
+    except RuntimeError:  # the loop closed meanwhile (end of run): nobody waits for it
+        pass
 
 
 class RayTrainEngine(_ActorProxy):
