@@ -206,7 +206,7 @@ class RayReplica(_ActorProxy):
             self.kill()
 
 
-class _RemoteFuture(asyncio.Future):  # type: ignore[type-arg]
+class _RemoteFuture(asyncio.Future):
     """The driver's future of one remote generate call; cancelling it cancels the call."""
 
     ref: Any = None
