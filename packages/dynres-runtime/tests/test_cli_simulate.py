@@ -321,7 +321,12 @@ def test_seeds_prints_mean_and_spread_and_writes_them(tmp_path: Path) -> None:
     row = json.loads(path.read_text())["over_seeds"]["seed-dynamic-16-16[default]"]  # keyed by run label
     assert row["seeds"] == [0, 1, 2] and len(set(row["end_to_end_s"])) > 1
     assert row["min_s"] <= row["mean_s"] <= row["max_s"]
-    assert _run("simulate", "--preset", "seed-dynamic-16-16", "--seeds", "0")[0] == 2
+
+
+@pytest.mark.parametrize("command", [["simulate", "--preset", "seed-dynamic-16-16"], ["scenario", "compare", "."]])
+def test_a_seed_count_below_one_is_a_one_line_error_in_every_command(command: list[str]) -> None:
+    # simulate and scenario compare share one --seeds option: both refuse 0 before any work.
+    _assert_one_line_error(*_run(*command, "--seeds", "0"), "--seeds", "give 1 or more")
 
 
 VERL_CONFIG = Path(__file__).resolve().parents[3] / "examples" / "verl-fully-async.yaml"

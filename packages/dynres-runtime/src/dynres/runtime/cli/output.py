@@ -34,6 +34,17 @@ def json_option(what: str) -> Callable[[Any], Any]:
     )
 
 
+def seeds_option(help_text: str) -> Callable[[Any], Any]:
+    """``--seeds N`` (count, >= 1): workload seeds per simulation; ``help_text`` says what is reported."""
+
+    def check(ctx: click.Context, param: click.Parameter, value: int) -> int:
+        if value < 1:
+            raise click.BadParameter(f"{value} is not a seed count: give 1 or more", ctx=ctx, param=param)
+        return value
+
+    return click.option("--seeds", "n_seeds", type=int, default=1, show_default=True, callback=check, help=help_text)
+
+
 def quiet_option() -> Callable[[Any], Any]:
     """``-q/--quiet``: no progress bar (the one spelling every command uses)."""
     return click.option("-q", "--quiet", is_flag=True, help="No progress bar.")

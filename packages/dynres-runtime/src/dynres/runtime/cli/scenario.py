@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from dynres.runtime.cli.output import STDOUT, complete_policies, emit_json, human_console, json_option
+from dynres.runtime.cli.output import STDOUT, complete_policies, emit_json, human_console, json_option, seeds_option
 
 _config_option = click.option(
     "--config",
@@ -142,14 +142,7 @@ def fit_command(
 @_config_option
 @_costs_option
 @_set_option
-@click.option(
-    "--seeds",
-    "n_seeds",
-    type=int,
-    default=1,
-    show_default=True,
-    help="Simulate each policy with N workload seeds and report the mean (the spread shows in --json).",
-)
+@seeds_option("Simulate each policy with N workload seeds and report the mean (the spread shows in --json).")
 @json_option("the predictions and the as-it-was error")
 def compare_command(
     metrics: str,
@@ -170,8 +163,6 @@ def compare_command(
     from dynres.runtime.cli.paths import check_output_file
     from dynres.runtime.sim.fit import check_policies, predict
 
-    if n_seeds < 1:
-        raise click.BadParameter("must be >= 1", param_hint="--seeds")
     if json_dest not in (None, STDOUT):
         check_output_file(Path(json_dest), "--json")
     check_policies(policies)

@@ -22,6 +22,7 @@ from dynres.runtime.cli.output import (
     human_console,
     json_option,
     quiet_option,
+    seeds_option,
 )
 
 
@@ -273,14 +274,9 @@ def _run_sets(items: tuple[tuple[str, str], ...], count: int) -> dict[int, dict[
 @json_option("the results")
 @click.option("--plot", "plot_dir", metavar="DIR", type=click.Path(file_okay=False), help="Write PNG plots to DIR.")
 @click.option("--seed", type=int, help="Seed of every run (replaces the scenarios' seed).")
-@click.option(
-    "--seeds",
-    "n_seeds",
-    type=int,
-    default=1,
-    show_default=True,
-    help="Run each scenario with N consecutive seeds (from --seed or its own) and print the mean "
-    "and spread of the end-to-end time, so that one draw does not decide a comparison.",
+@seeds_option(
+    "Run each scenario with N consecutive seeds (from --seed or its own) and print the mean "
+    "and spread of the end-to-end time, so that one draw does not decide a comparison."
 )
 @click.option("--list-presets", is_flag=True, help="List the shipped presets and exit.")
 @quiet_option()
@@ -322,8 +318,6 @@ def command(
         raise click.UsageError("give exactly one of SCENARIO or --preset NAME (see --list-presets)")
     if seed is not None and seed < 0:
         raise click.BadParameter("must be >= 0", param_hint="--seed")
-    if n_seeds < 1:
-        raise click.BadParameter("must be >= 1", param_hint="--seeds")
 
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
