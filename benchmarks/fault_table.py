@@ -23,6 +23,7 @@ from dynres.core import Policy, get_plugin_manager, load_config, load_policy
 from dynres.core.config import DynresConfig
 from dynres.core.errors import BackendError
 from dynres.runtime.backends.fake import FakeCluster, FakeReplica, fake_prompts
+from dynres.runtime.loop.ledger import SampleLedger, held_sample_ids
 from dynres.runtime.loop.run import FullyAsyncRun, RunSpec
 from dynres.runtime.protocols import GenerationRequest, GenerationResult
 from dynres.runtime.samples import PromptGroup
@@ -76,18 +77,15 @@ def _ids_trained(cluster: FakeCluster) -> list[str]:
     return [s.sample_id for b in cluster.engine.batches for s in b]
 
 
-def account(run: FullyAsyncRun, rec: Recorder, trained: list[str], dropped: list[str]) -> tuple[int, int]:
-    """(lost, duplicated) by identity; a sample in the checkpoint of a failed run's report is kept."""
-    queued = {s.sample_id for s in run.queue.snapshot()}
-    partial = {p.group.sample_id for p in run.rollouter.partials}
-    ckpt = getattr(getattr(run, "_error_report", None), "checkpoint", None)
-    if ckpt is not None:
-        queued |= {d["group"]["sample_id"] for d in ckpt["queue"]}
-        partial |= {d["group"]["sample_id"] for d in ckpt["partial"]}
-    done = set(trained)
-    lost = [i for i in rec.admitted if i not in done and i not in queued and i not in partial and i not in dropped]
-    dup = len(trained) - len(done)
-    return len(lost), dup
+def account(
+    run: FullyAsyncRun, rec: Recorder, trained: list[str], checkpoint: dict[str, Any] | None = None
+) -> tuple[int, int]:
+    """(lost, duplicated) by identity; the samples in ``checkpoint`` (default: the one of a failed
+    run's report) count as kept."""
+    if checkpoint is None:
+        checkpoint = getattr(getattr(run, "_error_report", None), "checkpoint", None)
+    ledger = SampleLedger(rec.admitted, trained, held_sample_ids(run, checkpoint))
+    return len(ledger.lost), len(ledger.duplicated)
 
 
 def _spec(cl: FakeCluster, rec: Recorder, cfg: DynresConfig, policy: Any = None, **kw: Any) -> RunSpec:
@@ -149,7 +147,7 @@ def fault_generate_runtime_error(staleness: float) -> Outcome:
     rec = Recorder(fake_prompts(n=2))
     run = FullyAsyncRun(_spec(cl, rec, config(staleness=staleness)))
     how, report, exc = execute(run)
-    lost, dup = account(run, rec, _ids_trained(cl), run.queue.dropped_ids)
+    lost, dup = account(run, rec, _ids_trained(cl))
     rep = _reported(report, exc, lambda r: "s0" in r.quarantined or any(f.target == "s0" for f in r.op_failures))
     return Outcome(f"generate raises RuntimeError (staleness {staleness:g})", how, lost, dup, rep)
 
@@ -171,14 +169,7 @@ def fault_train_step(kind: str) -> Outcome:
     rec = Recorder(fake_prompts(n=2))
     run = FullyAsyncRun(_spec(cl, rec, config(), op_timeout_s=30.0, keep_checkpoint=True))
     how, report, exc = execute(run)
-    lost, dup = account(run, rec, _ids_trained(cl), run.queue.dropped_ids)
-    if report is not None and report.checkpoint is not None:
-        # the samples in the checkpoint count as kept
-        kept = {d["group"]["sample_id"] for d in report.checkpoint["queue"]}
-        kept |= {d["group"]["sample_id"] for d in report.checkpoint["partial"]}
-        kept |= {d["sample_id"] for d in report.checkpoint.get("in_flight", [])}
-        trained = set(_ids_trained(cl))
-        lost = sum(1 for i in rec.admitted if i not in trained and i not in kept and i not in run.queue.dropped_ids)
+    lost, dup = account(run, rec, _ids_trained(cl), report.checkpoint if report is not None else None)
     rep = _reported(report, exc, lambda r: any(f.op == "train_step" for f in r.op_failures))
     return Outcome(f"train_step {'raises once' if kind == 'raise' else 'hangs once'}", how, lost, dup, rep)
 
@@ -261,7 +252,7 @@ def fault_policy_exit() -> Outcome:
     rec = Recorder(fake_prompts(n=2))
     run = FullyAsyncRun(_spec(cl, rec, config(), policy=ExitingPolicy()))
     how, report, exc = execute(run)
-    lost, dup = account(run, rec, _ids_trained(cl), run.queue.dropped_ids)
+    lost, dup = account(run, rec, _ids_trained(cl))
     in_flight = sum(len(r.in_flight_ids) for r in cl.replicas)
     return Outcome("policy raises SystemExit", f"{how}, {in_flight} running", lost, dup, _reported(report, exc, bool))
 
@@ -273,7 +264,7 @@ def fault_policy_state(mode: str) -> Outcome:
     pol.mode = mode
     run = FullyAsyncRun(_spec(cl, rec, config(), policy=pol, keep_checkpoint=True))
     how, report, exc = execute(run)
-    lost, dup = account(run, rec, _ids_trained(cl), run.queue.dropped_ids)
+    lost, dup = account(run, rec, _ids_trained(cl))
     named = exc is not None and ("state_dict" in str(exc))
     if report is not None and report.checkpoint is not None:
         how += f", state={report.checkpoint['policy']['state']!r}"
@@ -292,7 +283,7 @@ def fault_transient() -> Outcome:
     rec = Recorder(fake_prompts(n=2))
     run = FullyAsyncRun(_spec(cl, rec, config(), num_cycles=8, probation_backoff_s=0.01))
     how, report, exc = execute(run)
-    lost, dup = account(run, rec, _ids_trained(cl), run.queue.dropped_ids)
+    lost, dup = account(run, rec, _ids_trained(cl))
     back = run.balancer.has_replica("s0")
     return Outcome(
         "one transient BackendError on s0", f"{how}, s0 back: {back}", lost, dup, _reported(report, exc, bool)
@@ -308,7 +299,7 @@ def fault_abort(kind: str) -> Outcome:
     rec = Recorder(fake_prompts(n=2))
     run = FullyAsyncRun(_spec(cl, rec, config(), num_cycles=4, op_timeout_s=20.0))
     how, report, _exc = execute(run)
-    lost, dup = account(run, rec, _ids_trained(cl), run.queue.dropped_ids)
+    lost, dup = account(run, rec, _ids_trained(cl))
     n_abort = len(cl.hybrid[0].ops("abort"))
     q = report is not None and "h0" in report.quarantined
     return Outcome(f"abort {kind}s on h0", f"{how}, {n_abort} aborts tried", lost, dup, "quarantined" if q else "no")
@@ -319,7 +310,7 @@ def fault_livelock() -> Outcome:
     rec = Recorder(fake_prompts(n=2))
     run = FullyAsyncRun(_spec(cl, rec, config(), num_cycles=4))
     how, _report, _exc = execute(run)
-    lost, dup = account(run, rec, _ids_trained(cl), run.queue.dropped_ids)
+    lost, dup = account(run, rec, _ids_trained(cl))
     return Outcome("FakeCluster(tokens_per_s=100, latency=5 ms)", how, lost, dup, "n/a")
 
 
@@ -351,7 +342,7 @@ def fault_stress(seed: int, n: int = 64, cycles: int = 20) -> Outcome:
     )
     run = FullyAsyncRun(_spec(cl, rec, cfg, num_cycles=cycles, seed=seed))
     how, report, _exc = execute(run)
-    lost, dup = account(run, rec, _ids_trained(cl), run.queue.dropped_ids)
+    lost, dup = account(run, rec, _ids_trained(cl))
     q = len(report.quarantined) if report is not None else -1
     return Outcome(
         f"{n}+{n} stress, 1% BackendError, RuntimeError 1/3000 (seed {seed})", how, lost, dup, f"{q} quarantined"

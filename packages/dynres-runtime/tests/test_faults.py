@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from runtime_ledger import Ledger, RecordingSource, checkpoint_ids, ledger_of, trained_ids
+from runtime_ledger import Ledger, RecordingSource, ledger_of, trained_ids
 
 from dynres.core import get_plugin_manager, load_config, load_policy
 from dynres.core.config import DynresConfig
@@ -26,6 +26,7 @@ from dynres.core.errors import (
 )
 from dynres.runtime.backends.fake import FakeCluster, FakeReplica, fake_prompts
 from dynres.runtime.loop.balancer import LoadBalancer
+from dynres.runtime.loop.ledger import checkpoint_sample_ids
 from dynres.runtime.loop.report import RunReport
 from dynres.runtime.loop.run import FullyAsyncRun, RunSpec
 from dynres.runtime.protocols import GenerationRequest
@@ -184,7 +185,7 @@ def test_a_run_that_makes_no_progress_is_named_by_the_watchdog() -> None:
     report = err.value.report
     assert report.cycles == [] and report.checkpoint is not None
     ledger_of(run, src, cl.engine, dropped, checkpoint=report.checkpoint).assert_exactly_once()
-    assert sorted(checkpoint_ids(report.checkpoint)) == sorted(src.taken)
+    assert sorted(checkpoint_sample_ids(report.checkpoint)) == sorted(src.taken)
 
 
 # ---- Trainer faults ---------------------------------------------------------------------------
@@ -271,7 +272,7 @@ def test_mid_run_checkpoint_holds_every_untrained_sample_and_resume_trains_each_
     run.spec.progress = progress
     virtual(run)
     ckpt = at["ckpt"]
-    held = checkpoint_ids(ckpt)
+    held = checkpoint_sample_ids(ckpt)
     # every sample admitted by then is trained or in the checkpoint, exactly once
     Ledger(admitted=at["admitted"], trained=at["trained"], left=held, dropped=list(dropped)).assert_exactly_once()
     assert ckpt["partial"], "samples generating at checkpoint time must be kept"

@@ -8,13 +8,14 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
-from runtime_ledger import Ledger, RecordingSource, checkpoint_ids, ledger_of, trained_ids
+from runtime_ledger import Ledger, RecordingSource, ledger_of, trained_ids
 
 from dynres.core import get_plugin_manager, load_config, load_policy
 from dynres.core.config import DynresConfig
 from dynres.core.errors import ConfigError, RunAbortedError
 from dynres.core.metrics import METRIC_KEYS
 from dynres.runtime.backends.fake import FakeCluster, fake_prompts
+from dynres.runtime.loop.ledger import checkpoint_sample_ids, held_sample_ids
 from dynres.runtime.loop.report import RunReport
 from dynres.runtime.loop.run import CHECKPOINT_FORMAT, FullyAsyncRun, RunSpec, run_fully_async
 from dynres.runtime.samples import PromptGroup
@@ -142,11 +143,13 @@ def test_checkpoint_keeps_partial_samples_and_resume_finishes_them() -> None:
     pol = load_policy("default", {"deactivate_ratio": 0.5})
     # the progress callback lets the samples admitted after the last sync make some progress
     # before the run ends, so there is partial output to keep
-    first = asyncio.run(
-        run_fully_async(
-            spec(cl, policy=pol, num_cycles=2, keep_checkpoint=True, progress=lambda c: asyncio.sleep(0.03))
-        )
+    src1 = RecordingSource(fake_prompts(n=2))
+    run1 = FullyAsyncRun(
+        spec(cl, policy=pol, num_cycles=2, keep_checkpoint=True, progress=lambda c: asyncio.sleep(0.03), prompts=src1)
     )
+    first = asyncio.run(run1.run())
+    # the first run's own ledger counts the partial samples it still holds as kept, not lost
+    ledger_of(run1, src1, cl.engine, run1.queue.dropped_ids).assert_exactly_once()
     ckpt = first.checkpoint
     assert ckpt is not None and ckpt["format"] == CHECKPOINT_FORMAT
     json.dumps(ckpt)  # JSON-serialisable
@@ -169,12 +172,12 @@ def test_checkpoint_keeps_partial_samples_and_resume_finishes_them() -> None:
     dropped2 = run2.queue.dropped_ids
     second = asyncio.run(run2.run())
     # by identity: what the checkpoint held is trained exactly once, or still held or dropped
-    held = checkpoint_ids(ckpt)
+    held = checkpoint_sample_ids(ckpt)
     assert held and len(held) == len(set(held))
     Ledger(
         admitted=held + src2.taken,
         trained=trained_ids(cl2.engine),
-        left=[s.sample_id for s in run2.queue.snapshot()] + [p.group.sample_id for p in run2.rollouter.partials],
+        left=held_sample_ids(run2),
         dropped=dropped2,
     ).assert_exactly_once()
     assert set(held) & set(trained_ids(cl2.engine))

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import time
-from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +26,7 @@ from dynres.core.metrics import (
     ROLLOUT_UTILIZATION,
     TRAIN_UTILIZATION,
 )
+from dynres.runtime.loop.ledger import SampleLedger, held_sample_ids
 from dynres.runtime.loop.report import CycleReport, RunReport
 from dynres.runtime.protocols import ReplicaKind
 from dynres.runtime.samples import PromptGroup
@@ -52,39 +52,6 @@ from dynres.runtime.sim.workload import (
 
 REAL_TIME_KEYS = frozenset({"wall_s", "policy_wall_s"})
 """Report keys measured in real time; left out of the JSON so that it is deterministic."""
-
-
-@dataclass(frozen=True)
-class SampleLedger:
-    """Sample ids of a run, observed outside the run's own counters: what the prompt source
-    handed out, what the train engine received, and what the run still held or dropped."""
-
-    admitted: list[str]
-    """Ids the prompt source handed to the rollouter, in order."""
-    trained: list[str]
-    """Ids in the batches the train engine received, in order (repeats would be duplicates)."""
-    left: list[str]
-    """Ids still queued or partial when the run ended."""
-    dropped: list[str]
-    """Ids the queue dropped as too stale."""
-
-    def problems(self) -> list[str]:
-        """What breaks 'each admitted sample trained exactly once, or left, or dropped' ([] = nothing)."""
-        out = []
-        twice = sorted(i for i, n in Counter(self.trained).items() if n > 1)
-        if twice:
-            out.append(f"{len(twice)} sample(s) trained twice, e.g. {twice[:3]}")
-        both = sorted(set(self.trained) & set(self.left))
-        if both:
-            out.append(f"{len(both)} sample(s) trained and still held, e.g. {both[:3]}")
-        accounted = set(self.trained) | set(self.left) | set(self.dropped)
-        lost = [i for i in self.admitted if i not in accounted]
-        if lost:
-            out.append(f"{len(lost)} admitted sample(s) neither trained, held nor dropped, e.g. {lost[:3]}")
-        unknown = sorted(set(self.trained) - set(self.admitted))
-        if unknown:
-            out.append(f"{len(unknown)} trained sample(s) never admitted, e.g. {unknown[:3]}")
-        return out
 
 
 @dataclass
@@ -409,8 +376,7 @@ def simulate(
         "train_tokens": engine.tokens,
         "sleep_aborts": sum(r.sleep_aborts for r in replicas),
     }
-    left = [x.sample_id for x in run.queue.snapshot()] + [p.group.sample_id for p in run.rollouter.partials]
-    ledger = SampleLedger(admitted=admitted, trained=trained, left=left, dropped=run.queue.dropped_ids)
+    ledger = SampleLedger(admitted=admitted, trained=trained, left=held_sample_ids(run), dropped=run.queue.dropped_ids)
     return SimResult(
         scenario=sc,
         policy=pol.name,
