@@ -24,11 +24,24 @@
 
 Targets (printed PASS/FAIL as they are; a missed target is a finding, and the exit status stays
 0): the as-it-was prediction within 10% of the median measured static run, the other policies
-within 15% of theirs, and the same ranking as the measured medians. The ranking lines also say
-when two policies are predicted equal (same decisions, same time) and whether their measured
-gap exceeds the run-to-run range: a ranking decided inside that range is noise, not a finding.
-The exit status is non-zero only when something broke (a run failed, an output is missing). Run
-it on a quiet machine: the real runs take turns on the same cores.
+within 15% of theirs, and the ranking of the three policies the same as measured. The exit
+status is non-zero only when something broke (a run failed, an output is missing). Run it on a
+quiet machine: the real runs take turns on the same cores.
+
+The ranking is judged pair by pair (:func:`judge_pair`), and the ranking target is the AND of the
+pairs. For two policies A and B: the measured order is the order of their median end-to-end
+times; the run-to-run range is the larger of the two policies' ranges (max - min over their
+runs), unknown with one run per policy; the prediction is a tie when the two predicted times are
+within ``TIE`` (1%) of the smaller (the line says whether their decisions, i.e. switches, were
+the same). Then:
+
+* predicted tie: PASS only when the measured gap is inside the range ("predicted tie, measured
+  gap X s inside range Y s"); FAIL when it exceeds the range, or when the range is unknown (a
+  tie cannot be confirmed from one run each);
+* predicted order, measured gap inside the range: PASS, said as "measured order is noise"
+  (whatever the measured order is, it is not a finding);
+* predicted order, gap beyond the range (or range unknown): PASS when the predicted order equals
+  the measured order of the medians.
 """
 
 from __future__ import annotations
@@ -49,8 +62,8 @@ OTHER_TARGET = 0.15
 """Largest |error| of another policy's prediction that meets the target (fraction)."""
 FITTED_POLICY = "static_fully_async"
 """The policy of the run the scenario is fitted to."""
-TIE = 0.005
-"""Two predictions closer than this (relative) are reported as predicted equal (fraction)."""
+TIE = 0.01
+"""Two predictions closer than this (relative to the smaller) are a predicted tie (fraction)."""
 
 
 def _span(values: list[float]) -> str:
@@ -69,27 +82,43 @@ def load_run(run_dir: Path) -> dict:
     }
 
 
-def _pairs(rows: list[dict]) -> list[str]:
-    """One line per pair of policies: predicted order or tie, measured gap against the run-to-run range."""
-    lines = []
-    for i, a in enumerate(rows):
-        for b in rows[i + 1 :]:
-            pa, pb = a["predicted_s"], b["predicted_s"]
-            sa, sb = a["predicted_switches"], b["predicted_switches"]
-            if abs(pa - pb) <= TIE * min(pa, pb):
-                pred = f"predicted equal ({'same decisions, ' if sa == sb else ''}{sa} vs {sb} switches)"
-            else:
-                first = a if pa < pb else b
-                pred = f"predicted {first['policy']} faster by {abs(pa - pb) / max(pa, pb):.1%}"
-            gap = abs(a["measured_s"] - b["measured_s"])
-            noise = max(a["measured_range_s"], b["measured_range_s"])
-            faster = a["policy"] if a["measured_s"] < b["measured_s"] else b["policy"]
-            if min(len(a["measured_runs_s"]), len(b["measured_runs_s"])) < 2:
-                verdict = "run-to-run range unknown (one run per policy: noise cannot be told apart)"
-            else:
-                verdict = f"{'exceeds' if gap > noise else 'within'} the run-to-run range ({noise:.2f} s)"
-            lines.append(f"{a['policy']} vs {b['policy']}: {pred}; measured {faster} faster by {gap:.2f} s, {verdict}")
-    return lines
+def judge_pair(a: dict, b: dict, tie: float = TIE) -> tuple[bool, str]:
+    """The ranking verdict on one pair of rows (module text): (PASS?, the line that says why).
+
+    A row needs ``policy``, ``predicted_s``, ``predicted_switches``, ``measured_s`` (median, s)
+    and ``measured_runs_s`` (every run's end-to-end, s).
+    """
+    pa, pb = a["predicted_s"], b["predicted_s"]
+    sa, sb = a["predicted_switches"], b["predicted_switches"]
+    decisions = f"{'same decisions' if sa == sb else 'different decisions'}, {sa} vs {sb} switches"
+    gap = abs(a["measured_s"] - b["measured_s"])
+    known = min(len(a["measured_runs_s"]), len(b["measured_runs_s"])) >= 2
+    noise = max(max(r["measured_runs_s"]) - min(r["measured_runs_s"]) for r in (a, b))
+    if a["measured_s"] == b["measured_s"]:
+        measured = "measured equal medians"
+    else:
+        measured = f"measured {(a if a['measured_s'] < b['measured_s'] else b)['policy']} faster by {gap:.2f} s"
+    head = f"{a['policy']} vs {b['policy']}: "
+    if abs(pa - pb) <= tie * min(pa, pb):
+        pred = f"predicted tie ({decisions}; within {tie:.0%})"
+        if not known:
+            return False, f"{head}{pred}, {measured}: run-to-run range unknown (one run per policy), tie not confirmed"
+        inside = gap <= noise
+        where = "inside" if inside else "exceeds"
+        return inside, f"{head}{pred}, measured gap {gap:.2f} s {where} range {noise:.2f} s"
+    first = a if pa < pb else b
+    pred = f"predicted {first['policy']} faster by {abs(pa - pb) / max(pa, pb):.1%} ({decisions})"
+    if known and gap <= noise:
+        return True, f"{head}{pred}; measured order is noise: gap {gap:.2f} s inside range {noise:.2f} s"
+    same = a["measured_s"] != b["measured_s"] and (pa < pb) == (a["measured_s"] < b["measured_s"])
+    where = f"exceeds range {noise:.2f} s" if known else "run-to-run range unknown (one run per policy)"
+    return same, f"{head}{pred}; {measured}, {where}: {'same order' if same else 'order differs'}"
+
+
+def judge_ranking(rows: list[dict], tie: float = TIE) -> tuple[bool, list[str]]:
+    """The ranking target: the AND of :func:`judge_pair` over every pair of rows, and one line per pair."""
+    verdicts = [judge_pair(a, b, tie) for i, a in enumerate(rows) for b in rows[i + 1 :]]
+    return all(ok for ok, _ in verdicts), [f"{'PASS' if ok else 'FAIL'}  {line}" for ok, line in verdicts]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -185,9 +214,9 @@ def main(argv: list[str] | None = None) -> int:
             for r in rows
             if not r["as_it_was"]
         ),
-        ("same ranking as measured (medians)", by_pred == by_meas),
     ]
-    pairs = _pairs(rows)
+    ranking_ok, pairs = judge_ranking(rows)
+    checks.append(("same ranking as measured (every pair, pair rule)", ranking_ok))
     probe = (read_report(fitted_dir)[0].get("startup_probe") or {}) if fitted_dir.exists() else {}
     result = {
         "config": args.config,

@@ -7,7 +7,8 @@
 # Short runs (8 cycles, one run per policy: --repeats 1, where the benchmark's default is 3): the
 # time is mostly the three engine start-ups, about 4-5 minutes on 2 quiet cores; each run's
 # start-up probe (one idle switch) adds well under a second. With one run per policy there is no
-# run-to-run range, so the ranking lines cannot tell a real gap from noise: the benchmark with
+# run-to-run range, so the ranking lines cannot tell a real gap from noise (a predicted tie reads
+# FAIL, "tie not confirmed"; an order is judged on the single runs): the benchmark with
 # repeats can. FIDELITY_PREDICT=default measures one policy fewer (two start-ups). Killed at 900 s.
 set -euo pipefail
 source "$(dirname "$0")/_lib.bash"

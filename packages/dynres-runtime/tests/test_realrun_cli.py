@@ -178,13 +178,18 @@ def test_ctrl_c_aborts_in_flight_work_and_stops_ray(tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
     try:
         assert proc.returncode == 130, output
-        assert "interrupted; in-flight work aborted, engines shut down, Ray stopped" in output
+        assert "dynres: interrupted after " in output
+        assert "; in-flight work aborted, engines shut down, Ray stopped; report (what the run had) in " in output
         assert "Traceback" not in output and "never retrieved" not in output, output
         backend = json.loads((out / "backend.json").read_text())
         assert backend["interrupted"] is True
         assert backend["stop"]["stopped"] is True and backend["stop"]["in_flight"] == 0, backend
         assert backend["shutdown_problems"] == []
-        assert len((out / "metrics.jsonl").read_text().splitlines()) >= 2
+        cycles = len((out / "metrics.jsonl").read_text().splitlines())
+        assert cycles >= 2
+        report = json.loads((out / "report.json").read_text())  # what the run had, from the coordinator
+        assert len(report["cycles"]) == cycles
+        assert report["stopped_early"] == f"interrupted after {cycles} of 500 cycles"
         # Nothing of that Ray session survives (raylet, GCS, workers).
         for _ in range(50):
             if not _session_processes(ray_tmp):

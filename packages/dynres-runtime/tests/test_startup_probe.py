@@ -10,6 +10,11 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -19,7 +24,7 @@ from click.testing import CliRunner
 from dynres.core import get_plugin_manager, load_config, load_policy
 from dynres.runtime.backends.fake import FakeCluster, FakeReplica, fake_prompts
 from dynres.runtime.cli import main
-from dynres.runtime.loop.run import RunSpec, run_fully_async
+from dynres.runtime.loop.run import FullyAsyncRun, RunSpec, run_fully_async
 from dynres.runtime.protocols import ReplicaKind
 from dynres.runtime.sim.fit import fit_scenario
 from dynres.runtime.sim.metrics_io import read_metrics
@@ -174,6 +179,90 @@ def test_a_replica_failing_in_the_probe_is_quarantined_and_the_run_goes_on():
     assert [f.op for f in report.op_failures] == ["wake_up"]
     assert report.startup_probe is not None and report.startup_probe.durations("wake_up") == []
     assert len(report.cycles) == 2 and not cl.engine.offloaded
+
+
+# ---- Interrupted (Ctrl-C) -------------------------------------------------------------------------
+
+
+def test_a_run_cancelled_during_the_probe_keeps_what_the_probe_measured():
+    cl = FakeCluster(1, 0, latency=0.001)
+    slow = FakeReplica("h0", ReplicaKind.HYBRID, latency={"wake_up": 30.0}, log=cl.log)
+    cl.hybrid = [slow]
+    run = FullyAsyncRun(_spec(cl, startup_probe=1))
+
+    async def main() -> None:
+        task = asyncio.ensure_future(run.run())
+        while not any(r.target == "h0" and r.op == "wake_up" for r in cl.log):
+            await asyncio.sleep(0.01)
+        task.cancel()  # what asyncio.run does on Ctrl-C
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    report = run.interrupted_report
+    assert report is not None
+    assert report.stopped_early == "interrupted during the start-up probe (0 of 2 cycles done)"
+    assert report.cycles == [] and report.samples.consumed == 0
+    # The offload finished and is in the report; the wake-up it was waiting for is not.
+    assert [(s.op, s.detail) for s in report.startup_probe.steps if s.op != "health"] == [("offload", "")]
+    assert report.checkpoint is not None
+
+
+def test_a_run_cancelled_between_cycles_drains_and_keeps_its_cycles():
+    cl = FakeCluster(1, 1, latency=0.001)
+    holder: dict[str, asyncio.Future] = {}
+
+    def progress(cycle) -> None:
+        if cycle.step == 1:
+            holder["task"].cancel()
+
+    run = FullyAsyncRun(_spec(cl, startup_probe=1, progress=progress))
+
+    async def main() -> None:
+        holder["task"] = asyncio.ensure_future(run.run())
+        with pytest.raises(asyncio.CancelledError):
+            await holder["task"]
+
+    asyncio.run(main())
+    report = run.interrupted_report
+    assert report is not None and report.stopped_early == "interrupted after 1 of 2 cycles"
+    assert len(report.cycles) == 1 and report.startup_probe is not None
+    assert all(not r.in_flight_ids for r in cl.replicas)  # drained: nothing left generating
+    assert report.checkpoint is not None
+
+
+def test_ctrl_c_during_the_probe_of_dynres_run_writes_the_report_and_says_interrupted(tmp_path):
+    data = copy.deepcopy(FAKE_RUN)
+    data["engines"]["hybrid_options"] = {"latency": {"wake_up": 60.0}}  # the probe waits here
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(yaml.safe_dump(data))
+    out = tmp_path / "out"
+    cmd = [str(Path(sys.executable).parent / "dynres"), "run", str(cfg), "--out", str(out), "--no-plot", "-q"]
+    # A terminal's Ctrl-C signals the whole foreground process group: do the same.
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        started = proc.stderr.readline()  # "dynres run: 3 cycles, ..." comes before any engine starts
+        assert started.startswith("dynres run:"), started + proc.stderr.read()
+        # Fake engines start at once and the offload takes 0.04 s: the probe is then in its wake-up.
+        time.sleep(3.0)
+        assert proc.poll() is None, proc.communicate()
+        os.killpg(proc.pid, signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, stderr
+    assert stdout == ""  # no summary: the run did not finish
+    lines = [ln for ln in stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "Traceback" not in stderr, stderr
+    assert lines[0].startswith("dynres: interrupted during the start-up probe (0 of 3 cycles done); "), lines[0]
+    assert f"report (what the run had) in {out / 'report.json'}" in lines[0]
+    report = json.loads((out / "report.json").read_text())
+    assert report["cycles"] == [] and report["stopped_early"].startswith("interrupted during the start-up probe")
+    assert [(s["op"], s["detail"]) for s in report["startup_probe"]["steps"]] == [("offload", "")]
+    assert report["checkpoint"] is not None
+    assert (out / "metrics.jsonl").read_text() == ""
+    assert json.loads((out / "backend.json").read_text())["interrupted"] is True
 
 
 # ---- The fit --------------------------------------------------------------------------------------

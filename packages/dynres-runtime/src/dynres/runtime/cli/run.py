@@ -4,8 +4,9 @@ Progress goes to stderr (a rich progress bar on a terminal, one line per cycle a
 summary goes to stdout (to stderr when ``--json -`` puts the RunReport on stdout). Files land in ``--out``:
 ``metrics.jsonl`` (one record per cycle, written as cycles finish), ``report.json``,
 ``backend.json`` and ``plots/``. Ctrl-C stops cleanly (in-flight requests aborted, engines shut
-down, Ray stopped) and exits with status 130; a bad config or a backend failure prints one line
-and exits with status 2.
+down, Ray stopped), also during the start-up probe, writes report.json with what the run had
+(``stopped_early`` says where it stopped), says so in one line and exits with status 130; a bad
+config or a backend failure prints one line and exits with status 2.
 """
 
 from __future__ import annotations
@@ -158,10 +159,17 @@ def command(
                 outcome = execute(cfg, out, on_cycle=on_cycle, on_status=on_status, plots=plots, plot_dir=plot_dir)
         else:
             outcome = execute(cfg, out, on_cycle=on_cycle, on_status=on_status, plots=plots, plot_dir=plot_dir)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
+        stopped = getattr(getattr(exc, "outcome", None), "report", None)
+        kept = (
+            f"report (what the run had) in {out / 'report.json'}, "
+            if stopped is not None
+            else "no report (the run had not started), "
+        )
+        what = stopped.stopped_early if stopped is not None and stopped.stopped_early else "interrupted"
         err.print(
-            f"dynres: interrupted; in-flight work aborted, engines shut down, Ray stopped. "
-            f"Finished cycles are in {out / 'metrics.jsonl'}"
+            f"dynres: {what}; in-flight work aborted, engines shut down, Ray stopped; "
+            f"{kept}finished cycles in {out / 'metrics.jsonl'}"
         )
         sys.exit(EXIT_INTERRUPTED)
     report = outcome.report

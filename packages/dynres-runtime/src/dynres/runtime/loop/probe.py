@@ -93,15 +93,17 @@ async def run_startup_probe(
     timeout_s: float,
     now: Any,
     sleep_level: int = 1,
+    record: StartupProbe | None = None,
 ) -> StartupProbe:
     """Measure ``rounds`` switch round trips of ``hybrid`` and the trainer; see the module text.
 
     ``weight_version`` is the version the loaded weights carry (the run's current one), so a
-    probed replica is never ahead of the standalone ones. Raises BackendError when the trainer
-    cannot onload.
+    probed replica is never ahead of the standalone ones. ``record``: fill this StartupProbe (so
+    a caller keeps what was measured when the probe is interrupted or raises) instead of a new
+    one. Raises BackendError when the trainer cannot onload.
     """
     ops = OpRunner(timeout_s=timeout_s, now=now)
-    probe = StartupProbe(rounds=rounds, start_s=now(), end_s=now())
+    probe = record if record is not None else StartupProbe(rounds=rounds, start_s=now(), end_s=now())
     replicas = [r for r in hybrid if r.replica_id not in controller.quarantined]
 
     async def timed(rnd: int, op: str, target: str, detail: str, call: Any) -> bool:

@@ -277,6 +277,9 @@ class FullyAsyncRun:
             self.balancer.add_replica(r)
         self.startup_probe: StartupProbe | None = None
         """What the start-up switch probe measured; None when it did not run."""
+        self.interrupted_report: RunReport | None = None
+        """The report of a run that was cancelled (Ctrl-C of ``dynres run``): what it had when it
+        stopped, built after its teardown, with a checkpoint when one could be written; else None."""
         self._started = False
 
     # ---- Running ------------------------------------------------------------------------------
@@ -305,24 +308,44 @@ class FullyAsyncRun:
             # Even with no round trip asked for, its first step runs: a hybrid replica that starts
             # awake (a vLLM engine does) is put to sleep, since the controller assumes it asleep
             # and the trainer needs that GPU memory from the first train step on.
-            probe = await run_startup_probe(
-                rounds=spec.startup_probe,
-                hybrid=list(spec.hybrid),
-                train_engine=spec.train_engine,
-                controller=self.controller,
-                weight_version=self.trainer.version,
-                timeout_s=spec.op_timeout_s,
-                now=self.clock.elapsed,
-                sleep_level=spec.sleep_level,
-            )
-            self.ops.failures.extend(probe.failures)
-            if spec.startup_probe or probe.steps:
-                self.startup_probe = probe
+            probe = StartupProbe(rounds=spec.startup_probe, start_s=self.clock.elapsed(), end_s=self.clock.elapsed())
+            try:
+                await run_startup_probe(
+                    rounds=spec.startup_probe,
+                    hybrid=list(spec.hybrid),
+                    train_engine=spec.train_engine,
+                    controller=self.controller,
+                    weight_version=self.trainer.version,
+                    timeout_s=spec.op_timeout_s,
+                    now=self.clock.elapsed,
+                    sleep_level=spec.sleep_level,
+                    record=probe,
+                )
+            except asyncio.CancelledError:
+                # Ctrl-C of `dynres run` cancels the run: nothing generates yet, so there is
+                # nothing to drain; keep what the probe measured and stay cancelled.
+                self._keep_probe(probe)
+                self.interrupted_report = self._partial_report(
+                    0.0, [], [], f"interrupted during the start-up probe (0 of {spec.num_cycles} cycles done)"
+                )
+                raise
+            except (Exception, KeyboardInterrupt, SystemExit) as exc:
+                self._keep_probe(probe)
+                stopped = f"{type(exc).__name__}: {exc}"
+                raise self._aborted(exc, 0.0, [], [], stopped, where="during the start-up probe") from exc
+            self._keep_probe(probe)
         self.rollouter.start_window()
         # The runtime's GC step (loop/gcpolicy.py): start-up objects frozen, full collections
         # kept out of transitions; undone when the run ends.
         with run_gc_policy():
             return await self._run_cycles()
+
+    def _keep_probe(self, probe: StartupProbe) -> None:
+        """Record what the start-up probe measured (also when it was interrupted)."""
+        probe.end_s = self.clock.elapsed()
+        self.ops.failures.extend(probe.failures)
+        if self.spec.startup_probe or probe.steps:
+            self.startup_probe = probe
 
     async def _run_cycles(self) -> RunReport:
         spec = self.spec
@@ -331,6 +354,7 @@ class FullyAsyncRun:
         stopped_early = ""
         self.tracker.total_steps = self.tracker.global_steps + spec.num_cycles
         failure: BaseException | None = None
+        cancelled = False
         roll_task = asyncio.create_task(self.rollouter.run(), name="dynres-rollouter")
         watchdog = asyncio.create_task(self._watchdog(), name="dynres-watchdog") if spec.stall_timeout_s else None
         end_to_end = 0.0
@@ -347,6 +371,12 @@ class FullyAsyncRun:
                 end_to_end = report.end_s
                 if spec.progress is not None:
                     await maybe_await(spec.progress(report))
+        except asyncio.CancelledError:
+            # Ctrl-C of `dynres run` cancels the run (asyncio.run, or the Ray coordinator's stop):
+            # it drains like any other stop and keeps its report, but stays cancelled.
+            cancelled = True
+            stopped_early = f"interrupted after {len(cycles)} of {spec.num_cycles} cycles"
+            raise
         except (Exception, KeyboardInterrupt, SystemExit) as exc:
             # Every other way out of a run still drains it and hands back a report + checkpoint.
             failure = exc
@@ -357,6 +387,8 @@ class FullyAsyncRun:
                 watchdog.cancel()
                 await asyncio.gather(watchdog, return_exceptions=True)
             await self._teardown(roll_task)
+            if cancelled:
+                self.interrupted_report = self._partial_report(end_to_end, cycles, startup, stopped_early)
         if failure is not None:
             raise self._aborted(failure, end_to_end, cycles, startup, stopped_early) from failure
         try:
@@ -365,6 +397,15 @@ class FullyAsyncRun:
             report = self._report(end_to_end, cycles, startup, stopped_early, with_checkpoint=False)
             raise RunAbortedError(f"the run finished but {exc}", report=report) from exc
 
+    def _partial_report(
+        self, end_to_end: float, cycles: list[CycleReport], startup: list[DecisionRecord], stopped_early: str
+    ) -> RunReport:
+        """The report of a run that stopped early, with a checkpoint when it can be written."""
+        try:
+            return self._report(end_to_end, cycles, startup, stopped_early, with_checkpoint=True)
+        except DynresError:
+            return self._report(end_to_end, cycles, startup, stopped_early, with_checkpoint=False)
+
     def _aborted(
         self,
         failure: BaseException,
@@ -372,9 +413,11 @@ class FullyAsyncRun:
         cycles: list[CycleReport],
         startup: list[DecisionRecord],
         stopped_early: str,
+        *,
+        where: str = "",
     ) -> RunAbortedError:
         """The error a failed run raises: the cause, and a report whose checkpoint loses nothing."""
-        where = f"after {len(cycles)} of {self.spec.num_cycles} cycles"
+        where = where or f"after {len(cycles)} of {self.spec.num_cycles} cycles"
         try:
             report = self._report(end_to_end, cycles, startup, stopped_early, with_checkpoint=True)
             kept = "its report (.report) holds a checkpoint with every untrained sample; resume from it"

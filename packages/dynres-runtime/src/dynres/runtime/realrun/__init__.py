@@ -61,7 +61,8 @@ class RunOutcome:
     """What :func:`execute` returns."""
 
     report: Any
-    """The RunReport (None when the run was interrupted before it finished)."""
+    """The RunReport; after Ctrl-C, what the run had when it stopped (its ``stopped_early`` says
+    so), or None when it was interrupted before the run itself started."""
     out_dir: Path
     """Directory holding metrics.jsonl, report.json, backend.json and plots/."""
     backend: dict[str, Any] = field(default_factory=dict)
@@ -70,9 +71,27 @@ class RunOutcome:
     """True when Ctrl-C stopped the run."""
 
 
-async def _run_local(cfg: RunConfig, model_path: str | None, sink: MetricsSink, backend: dict[str, Any]) -> Any:
-    """Build every engine in this process and run the loop here (``engines.runtime: local``)."""
-    from dynres.runtime.loop.run import run_fully_async
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C ended a run of :func:`execute`: the KeyboardInterrupt, carrying what was written."""
+
+    def __init__(self, outcome: RunOutcome) -> None:
+        """Wrap the run's ``outcome`` (its ``report`` is the interrupted run's, or None)."""
+        super().__init__()
+        self.outcome = outcome
+
+
+async def _run_local(
+    cfg: RunConfig,
+    model_path: str | None,
+    sink: MetricsSink,
+    backend: dict[str, Any],
+    on_interrupt: Callable[[Any], None],
+) -> Any:
+    """Build every engine in this process and run the loop here (``engines.runtime: local``).
+
+    On cancellation (Ctrl-C) hands the run's interrupted report to ``on_interrupt`` before re-raising.
+    """
+    from dynres.runtime.loop.run import FullyAsyncRun
 
     s_f, h_f, t_f = engine_factories(cfg, model_path)
     dyn = cfg.dynres_config()
@@ -87,7 +106,12 @@ async def _run_local(cfg: RunConfig, model_path: str | None, sink: MetricsSink, 
         spec = build_spec(
             standalone=standalone, hybrid=hybrid, train_engine=trainer, progress=sink, config=cfg.model_dump()
         )
-        return await run_fully_async(spec)
+        run = FullyAsyncRun(spec)
+        try:
+            return await run.run()
+        except asyncio.CancelledError:
+            on_interrupt(run.interrupted_report)
+            raise
     finally:
         for engine in [*standalone, *hybrid, trainer]:
             try:
@@ -109,8 +133,9 @@ def execute(
     """Run ``cfg`` to the end (or Ctrl-C); write metrics.jsonl, report.json, backend.json, plots.
 
     Plots go to ``plot_dir`` (default: ``out_dir/plots``) unless ``plots`` is False.
-    Raises KeyboardInterrupt after a clean teardown when interrupted; DynresError on a bad
-    config or a failing backend.
+    Raises :class:`RunInterrupted` (a KeyboardInterrupt) after a clean teardown when interrupted,
+    with report.json holding what the run had (no plots); DynresError on a bad config or a
+    failing backend.
     """
     load_run_policy(cfg)  # a bad policy name or params fails here, before anything starts
     out = Path(out_dir)
@@ -127,20 +152,26 @@ def execute(
     cluster_conn = None
     outcome = RunOutcome(None, out, backend)
     t0 = time.perf_counter()
+
+    def on_interrupt(report: Any) -> None:
+        outcome.report = report
+
     try:
         if cfg.engines.runtime == "local":
-            report = asyncio.run(_run_local(cfg, model_path, sink, backend))
+            report = asyncio.run(_run_local(cfg, model_path, sink, backend, on_interrupt))
         else:
             from dynres.runtime.backends.ray.cluster import RayCluster
             from dynres.runtime.realrun.on_ray import run_on_ray
 
             cluster_conn = RayCluster(cfg.cluster)
             cluster_conn.connect()  # blocking by nature: done before the event loop starts
-            report = asyncio.run(run_on_ray(cfg, model_path, sink, backend, on_status, poll_s))
+            report = asyncio.run(run_on_ray(cfg, model_path, sink, backend, on_status, poll_s, on_interrupt))
         outcome.report = report
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         outcome.interrupted = True
-        raise
+        if outcome.report is not None:
+            write_report(out, outcome.report, plot_dir=None)
+        raise RunInterrupted(outcome) from exc
     except RunAbortedError as exc:
         # The report holds the cycles done and a checkpoint that loses no sample: keep it.
         if exc.report is not None:
@@ -175,6 +206,7 @@ __all__ = [
     "EnginesSection",
     "ModelSection",
     "RunConfig",
+    "RunInterrupted",
     "RunOutcome",
     "RunSection",
     "TaskSection",

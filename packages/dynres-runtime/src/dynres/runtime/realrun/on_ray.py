@@ -97,6 +97,10 @@ class CoordinatorActor:
         aborts = run.ops.stats["abort"].count if run is not None and run.ops and "abort" in run.ops.stats else 0
         return {"stopped": stopped, "in_flight": in_flight, "aborts": aborts}
 
+    async def interrupted_report(self) -> Any:
+        """The RunReport of a run cancelled by :meth:`stop` (what it had), or None."""
+        return self._run.interrupted_report if self._run is not None else None
+
     async def loop_lag(self, reset: bool = False) -> LoopLag:
         """Worst event-loop gap of this actor since the last reset."""
         self._monitor.start()
@@ -124,11 +128,13 @@ async def run_on_ray(
     backend: dict[str, Any],
     on_status: Callable[[dict[str, Any]], None] | None,
     poll_s: float,
+    on_interrupt: Callable[[Any], None] | None = None,
 ) -> Any:
     """Start the engines as Ray actors, run the loop in a :class:`CoordinatorActor`, stream cycles to ``sink``.
 
     Fills ``backend`` with placement, nodes, loop lags, lost replicas and shutdown problems; on
-    cancellation (Ctrl-C) stops the coordinator cleanly before re-raising.
+    cancellation (Ctrl-C) stops the coordinator cleanly and hands the interrupted run's report
+    (None if the run had not started) to ``on_interrupt`` before re-raising.
     """
     from dynres.runtime.backends.ray._ray import require_ray
     from dynres.runtime.backends.ray.cluster import RayCluster, driver_node_id
@@ -186,6 +192,8 @@ async def run_on_ray(
                 )
                 for cycle in await coordinator.events.remote(sink.count):
                     sink(cycle)
+                if on_interrupt is not None:
+                    on_interrupt(await coordinator.interrupted_report.remote())
             except Exception as exc:
                 backend["stop"] = {"stopped": False, "error": f"{type(exc).__name__}: {exc}"}
                 logger.warning("coordinator did not stop cleanly: %s", exc)
