@@ -106,6 +106,8 @@ def test_batch_membership_changes_call_on_change_once_and_are_all_or_nothing() -
         lb.remove_replicas(["r0", "r1"])  # r1 already left: nothing is removed
     with pytest.raises(RuntimeStateError, match="'r2' is already registered"):
         lb.add_replicas([reps[1], reps[2]])  # r2 is routable: nothing is added
+    with pytest.raises(RuntimeStateError, match="'r0' is listed twice"):
+        lb.remove_replicas(["r0", "r0"])
     assert lb.replica_ids == ["r0", "r2", "r4"] and len(seen) == 2
     lb.remove_replicas(["r0", "r2", "r4"])
     assert lb.num_replicas == 0 and seen[-1] == []

@@ -229,8 +229,10 @@ class LoadBalancer:
         seen: set[str] = set()
         for replica in batch:
             rid = replica.replica_id
-            if rid in self._replicas or rid in seen:
+            if rid in self._replicas:
                 raise RuntimeStateError(f"replica {rid!r} is already registered in the load balancer; remove it first")
+            if rid in seen:
+                raise RuntimeStateError(f"replica {rid!r} is listed twice in one add_replicas call; list it once")
             seen.add(rid)
         for replica in batch:
             rid = replica.replica_id
@@ -270,7 +272,11 @@ class LoadBalancer:
         batch = list(replica_ids)
         seen: set[str] = set()
         for replica_id in batch:
-            if replica_id not in self._replicas or replica_id in seen:
+            if replica_id in seen:
+                raise RuntimeStateError(
+                    f"replica {replica_id!r} is listed twice in one remove_replicas call; list it once"
+                )
+            if replica_id not in self._replicas:
                 raise RuntimeStateError(
                     f"replica {replica_id!r} is not registered in the load balancer; "
                     f"registered: {sorted(self._replicas) or '(none)'}"
