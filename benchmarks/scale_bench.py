@@ -3,7 +3,10 @@
 Run: ``.venv/bin/python benchmarks/scale_bench.py`` (a few minutes on 2 busy cores; ``--quick``
 runs only the smallest size). Every size runs in a fresh subprocess on a real asyncio loop with
 fake replicas (``FakeReplica``, 100 ms per lifecycle operation), so each row starts from the same
-interpreter state and its memory figure is not blurred by earlier sizes.
+interpreter state and its memory figure is not blurred by earlier sizes. ``--size S+H`` and
+``--load N`` pick rows; ``--probe-ms X`` lists, per window, the loop iterations above X ms with
+the callbacks and collections that ran in them (and stops after the table: a probed run's lags
+read a little high).
 
 Real time is measured here on purpose (this is a benchmark, not runtime code). The benchmark
 never touches the garbage collector: it calls :func:`dynres.runtime.loop.gcpolicy.run_gc_policy`,
