@@ -3,7 +3,10 @@
 Run: ``.venv/bin/python benchmarks/scale_bench.py`` (a few minutes on 2 busy cores; ``--quick``
 runs only the smallest size). Every size runs in a fresh subprocess on a real asyncio loop with
 fake replicas (``FakeReplica``, 100 ms per lifecycle operation), so each row starts from the same
-interpreter state and its memory figure is not blurred by earlier sizes.
+interpreter state and its memory figure is not blurred by earlier sizes. ``--size S+H`` and
+``--load N`` pick rows; ``--probe-ms X`` lists, per window, the loop iterations above X ms with
+the callbacks and collections that ran in them (and stops after the table: a probed run's lags
+read a little high).
 
 Real time is measured here on purpose (this is a benchmark, not runtime code). The benchmark
 never touches the garbage collector: it calls :func:`dynres.runtime.loop.gcpolicy.run_gc_policy`,
@@ -116,6 +119,83 @@ class LagMonitor:
             await self._task
 
 
+class IterationProbe:
+    """Times every event-loop iteration (main thread's CPU) and every callback run in it.
+
+    ``--probe-ms X`` attaches it: each window then lists its iterations above X ms with their
+    heaviest callbacks (a task step is named by its coroutine and by what it was awaiting) and
+    the garbage collections inside them. The patch is on this benchmark's loop and asyncio's
+    Python ``Handle._run``; it adds ~1 us per callback, so the lags of a probed run read high.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, threshold_ms: float) -> None:
+        self.threshold_s = threshold_ms / 1000
+        self.slow: list[dict[str, Any]] = []
+        self._calls: dict[str, list[float]] = {}
+        self._gc: list[float] = []
+        self._gc_gens: list[int] = []
+        self._gc_t0 = 0.0
+        run_once = loop._run_once  # type: ignore[attr-defined]
+        handle_run = asyncio.events.Handle._run
+        probe = self
+
+        def timed_run_once() -> None:
+            probe._calls, probe._gc, probe._gc_gens = {}, [], []
+            c0 = time.thread_time()
+            run_once()
+            dt = time.thread_time() - c0
+            if dt > probe.threshold_s:
+                top = sorted(probe._calls.items(), key=lambda kv: -kv[1][1])[:4]
+                probe.slow.append(
+                    {
+                        "ms": round(dt * 1000, 2),
+                        "callbacks": sum(int(v[0]) for v in probe._calls.values()),
+                        "gc_ms": round(sum(probe._gc) * 1000, 2),
+                        "gc_generations": list(probe._gc_gens),
+                        "top": [f"{n:.0f} x {k}: {t * 1000:.2f} ms" for k, (n, t) in top],
+                    }
+                )
+
+        def timed_handle_run(handle: asyncio.Handle) -> None:
+            label = _label(handle)
+            c0 = time.thread_time()
+            handle_run(handle)
+            entry = probe._calls.setdefault(label, [0.0, 0.0])
+            entry[0] += 1
+            entry[1] += time.thread_time() - c0
+
+        def on_gc(phase: str, info: dict[str, int]) -> None:
+            if phase == "start":
+                probe._gc_t0 = time.thread_time()
+            else:
+                probe._gc.append(time.thread_time() - probe._gc_t0)
+                probe._gc_gens.append(info["generation"])
+
+        loop._run_once = timed_run_once  # type: ignore[attr-defined]
+        asyncio.events.Handle._run = timed_handle_run  # type: ignore[method-assign]
+        gc.callbacks.append(on_gc)
+
+    def window(self) -> list[dict[str, Any]]:
+        """The slow iterations since the last call (and forget them)."""
+        out, self.slow = self.slow, []
+        return out
+
+
+def _label(handle: asyncio.Handle) -> str:
+    """What a handle runs: a task step as 'coroutine <- awaited coroutine', else the callback's name."""
+    cb = handle._callback  # type: ignore[attr-defined]
+    task = getattr(cb, "__self__", None)
+    if isinstance(task, asyncio.Task):
+        coro: Any = task.get_coro()
+        name = getattr(coro, "__qualname__", repr(coro))
+        inner = coro
+        while getattr(inner, "cr_await", None) is not None and hasattr(inner.cr_await, "cr_await"):
+            inner = inner.cr_await
+        return f"step {name} <- {getattr(inner, '__qualname__', '?')}"
+    target = getattr(cb, "func", cb)
+    return getattr(target, "__qualname__", type(target).__name__)
+
+
 async def _wait_until(cond: Any, timeout_s: float = 600.0) -> None:
     t0 = time.perf_counter()
     while not cond():
@@ -124,7 +204,7 @@ async def _wait_until(cond: Any, timeout_s: float = 600.0) -> None:
         await asyncio.sleep(0.005)
 
 
-async def _one_size(n_standalone: int, n_hybrid: int, in_flight: int) -> dict[str, Any]:
+async def _one_size(n_standalone: int, n_hybrid: int, in_flight: int, probe_ms: float = 0.0) -> dict[str, Any]:
     from dynres.runtime.backends.fake import FakeReplica, FakeTrainEngine
     from dynres.runtime.loop.balancer import LoadBalancer
     from dynres.runtime.loop.controller import Controller
@@ -167,6 +247,7 @@ async def _one_size(n_standalone: int, n_hybrid: int, in_flight: int) -> dict[st
 
     mon = LagMonitor()
     mon.start()
+    probe = IterationProbe(loop, probe_ms) if probe_ms > 0 else None
     await asyncio.sleep(0.05)
 
     # Deactivation: cut routing, abort, drain, sleep, onload; then every aborted request runs
@@ -181,9 +262,12 @@ async def _one_size(n_standalone: int, n_hybrid: int, in_flight: int) -> dict[st
     deact_cpu_s = time.thread_time() - c0
     deact_max, deact_p99, deact_wall = mon.summary()
     settle_deact_s = time.perf_counter() - t0
+    deact_slow = probe.window() if probe else []
 
     await asyncio.sleep(0.05)
     mon.window()
+    if probe:
+        probe.window()
     t0, c0 = time.perf_counter(), time.thread_time()
     await ctl.activate(WeightUpdate(2))
     moved_in = await ctl.rebalance()
@@ -191,6 +275,7 @@ async def _one_size(n_standalone: int, n_hybrid: int, in_flight: int) -> dict[st
     act_s = time.perf_counter() - t0
     act_cpu_s = time.thread_time() - c0
     act_max, act_p99, act_wall = mon.summary()
+    act_slow = probe.window() if probe else []
     await mon.stop()
 
     lb.start_draining()  # first, so the aborts below end the requests instead of moving them
@@ -218,15 +303,19 @@ async def _one_size(n_standalone: int, n_hybrid: int, in_flight: int) -> dict[st
         "act_lag_max_ms": act_max,
         "act_lag_p99_ms": act_p99,
         "act_lag_wall_ms": act_wall,
+        "deact_slow": deact_slow,
+        "act_slow": act_slow,
     }
 
 
-def child_size(n_standalone: int, n_hybrid: int, in_flight: int, routing: bool) -> dict[str, Any]:
+def child_size(
+    n_standalone: int, n_hybrid: int, in_flight: int, routing: bool, probe_ms: float = 0.0
+) -> dict[str, Any]:
     """One size in this (fresh) process: the runtime's start-up GC step, routing, then the load."""
     from dynres.runtime.loop.gcpolicy import run_gc_policy
 
     with run_gc_policy():
-        out = asyncio.run(_one_size(n_standalone, n_hybrid, in_flight))
+        out = asyncio.run(_one_size(n_standalone, n_hybrid, in_flight, probe_ms))
         if routing:
             out["routing_per_s"] = _routing_rate(n_standalone + n_hybrid, in_flight, ROUTING_DECISIONS)
     return out
@@ -335,12 +424,20 @@ def main() -> int:
     ap.add_argument(
         "--size", action="append", metavar="S+H", help="only this size (repeatable, e.g. --size 512+512); no simulation"
     )
+    ap.add_argument(
+        "--probe-ms",
+        type=float,
+        default=0.0,
+        metavar="MS",
+        help="list the loop iterations above MS ms of each window and what ran in them (slows the run a little)",
+    )
+    ap.add_argument("--load", type=int, action="append", help="only this many requests in flight (repeatable)")
     ap.add_argument("--child", nargs=3, type=int, metavar=("S", "H", "N"), help=argparse.SUPPRESS)
     ap.add_argument("--no-routing", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--child-sim", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        print(json.dumps(child_size(*args.child, routing=not args.no_routing)))
+        print(json.dumps(child_size(*args.child, routing=not args.no_routing, probe_ms=args.probe_ms)))
         return 0
     if args.child_sim:
         print(json.dumps(child_sim()))
@@ -363,9 +460,10 @@ def main() -> int:
         if not sizes:
             ap.error(f"--size: pick from {', '.join(f'{s}+{h}' for s, h in SIZES)}")
     rows = []
+    loads = tuple(n for n in LOADS if not args.load or n in args.load) or tuple(args.load)
     for s, h in sizes:
-        for n in LOADS:
-            row = _spawn(["--child", str(s), str(h), str(n)])
+        for n in loads:
+            row = _spawn(["--child", str(s), str(h), str(n), "--probe-ms", str(args.probe_ms)])
             rows.append(row)
             print(
                 f"{f'{s}+{h}':>9s} {n:9,d} {row['routing_per_s']:9,.0f} {row['kb_per_request']:7.2f} | "
@@ -374,6 +472,14 @@ def main() -> int:
                 f"{row['act_lag_max_ms']:7.2f} {row['act_lag_p99_ms']:5.2f}",
                 flush=True,
             )
+            for phase in ("deact", "act"):
+                for it in row[f"{phase}_slow"]:
+                    print(
+                        f"    {phase} iteration {it['ms']} ms, {it['callbacks']} callbacks, gc {it['gc_ms']} ms "
+                        f"(generations {it['gc_generations']}): " + "; ".join(it["top"])
+                    )
+    if args.probe_ms:
+        return 0  # a probed run's lags read high (see IterationProbe): no summary from it
     from runtime_bench import routing_rate  # same directory
 
     ref = statistics.median(routing_rate(decisions=100_000) for _ in range(3))

@@ -1,4 +1,10 @@
-"""Load balancer: routing, sticky sessions, membership, retry with partial output, rebalance."""
+"""Load balancer: routing, sticky sessions, membership, retry with partial output, rebalance.
+
+Every test that lets time pass runs on the virtual-time loop (``run_virtual``): the fakes'
+token rates, latencies and the op timeouts then count loop time only, so how busy the machine
+is cannot change which request finishes before an abort or a probe (on a real loop, a test
+that slept 50 ms to catch a 300 ms request mid-flight failed when the process lost its core).
+"""
 
 from __future__ import annotations
 
@@ -11,6 +17,7 @@ from dynres.core.errors import ReplicaUnavailableError, RuntimeStateError
 from dynres.runtime.backends.fake import FakeReplica
 from dynres.runtime.loop.balancer import LoadBalancer
 from dynres.runtime.protocols import GenerationRequest
+from dynres.runtime.sim.loop import run_virtual
 
 
 def req(i: int | str, max_tokens: int = 1000) -> GenerationRequest:
@@ -83,6 +90,32 @@ def test_remove_returns_running_requests_and_counts_stay_sane() -> None:
     lb.check_invariants()
 
 
+def test_batch_membership_changes_call_on_change_once_and_are_all_or_nothing() -> None:
+    seen: list[list[str]] = []
+    lb = LoadBalancer(sticky_capacity=0)
+    lb._on_change = lambda: seen.append(sorted(lb.replica_ids))  # what the callback sees
+    reps = [FakeReplica(f"r{i}") for i in range(6)]
+    lb.add_replicas(reps)
+    for i in range(12):
+        lb.route(f"q{i}")
+    lb.remove_replicas(["r1", "r3", "r5"])
+    assert seen == [[f"r{i}" for i in range(6)], ["r0", "r2", "r4"]]  # once per batch, after it
+    assert {lb.route(f"x{i}").replica_id for i in range(30)} == {"r0", "r2", "r4"}
+    lb.check_invariants()
+    with pytest.raises(RuntimeStateError, match="'r1' is not registered"):
+        lb.remove_replicas(["r0", "r1"])  # r1 already left: nothing is removed
+    with pytest.raises(RuntimeStateError, match="'r2' is already registered"):
+        lb.add_replicas([reps[1], reps[2]])  # r2 is routable: nothing is added
+    with pytest.raises(RuntimeStateError, match="'r0' is listed twice"):
+        lb.remove_replicas(["r0", "r0"])
+    assert lb.replica_ids == ["r0", "r2", "r4"] and len(seen) == 2
+    lb.remove_replicas(["r0", "r2", "r4"])
+    assert lb.num_replicas == 0 and seen[-1] == []
+    with pytest.raises(ReplicaUnavailableError):
+        lb.route("y")
+    lb.check_invariants()
+
+
 # ---- sticky sessions -------------------------------------------------------------------
 
 
@@ -145,12 +178,12 @@ def test_aborted_request_completes_once_elsewhere_with_partial_output() -> None:
         result = await task
         assert result.finish_reason == "stop" and result.replica_id == "b"
         assert list(result.token_ids) == list(range(200))  # nothing lost, nothing doubled
-        assert 0 < b.resumed_with["r1"] < 200  # 'b' continued from a's partial output
+        assert b.resumed_with["r1"] == 50  # 'b' continued from a's partial output: 50 ms at 1000 tokens/s
         assert a.completed == [] and b.completed == ["r1"]
         assert lb.counters.resumed == 1 and lb.counters.duplicates == 0
         lb.check_invariants()
 
-    asyncio.run(main())
+    run_virtual(main)
 
 
 def test_completed_ids_stay_bounded_and_a_recent_duplicate_is_still_caught() -> None:
@@ -165,7 +198,7 @@ def test_completed_ids_stay_bounded_and_a_recent_duplicate_is_still_caught() -> 
         assert lb.counters.duplicates == 1  # ... is still recognised as a duplicate
         lb.check_invariants()
 
-    asyncio.run(main())
+    run_virtual(main)
 
 
 def test_without_partial_rollout_retry_restarts_from_scratch() -> None:
@@ -183,7 +216,7 @@ def test_without_partial_rollout_retry_restarts_from_scratch() -> None:
         assert "r1" not in b.resumed_with
         assert lb.counters.restarted == 1 and lb.counters.resumed == 0
 
-    asyncio.run(main())
+    run_virtual(main)
 
 
 def test_requests_wait_for_a_replica_and_survive_an_empty_cluster() -> None:
@@ -202,7 +235,7 @@ def test_requests_wait_for_a_replica_and_survive_an_empty_cluster() -> None:
         assert result.replica_id == "c" and list(result.token_ids) == list(range(100))
         assert c.resumed_with["r1"] > 0
 
-    asyncio.run(main())
+    run_virtual(main)
 
 
 def test_replica_dying_mid_generation_is_removed_and_request_retried() -> None:
@@ -220,7 +253,7 @@ def test_replica_dying_mid_generation_is_removed_and_request_retried() -> None:
         assert failures == ["a"] and lb.replica_ids == ["b"]
         assert lb.counters.replica_failures == 1
 
-    asyncio.run(main())
+    run_virtual(main)
 
 
 def test_evict_retries_requests_of_a_replica_that_stopped_answering() -> None:
@@ -238,7 +271,7 @@ def test_evict_retries_requests_of_a_replica_that_stopped_answering() -> None:
         assert result.replica_id == "b" and lb.counters.evicted == 1
         assert lb.in_flight("a") == 0
 
-    asyncio.run(main())
+    run_virtual(main)
 
 
 def test_evict_refuses_a_routable_replica() -> None:
@@ -256,10 +289,10 @@ def test_draining_returns_partial_output_instead_of_retrying() -> None:
         lb.start_draining()
         await a.abort(None)
         result = await task
-        assert result.aborted and 0 < len(result.token_ids) < 500
+        assert result.aborted and len(result.token_ids) == 50  # 50 ms at 1000 tokens/s
         assert lb.counters.parked == 1 and lb.counters.resumed == 0
 
-    asyncio.run(main())
+    run_virtual(main)
 
 
 # ---- rebalance -------------------------------------------------------------------------
@@ -292,7 +325,7 @@ def test_rebalance_moves_only_the_excess_onto_new_replicas() -> None:
         assert set(done.values()) == {1}
         assert lb.counters.rebalanced == 10
 
-    asyncio.run(main())
+    run_virtual(main)
 
 
 def test_rebalance_leaves_balanced_replicas_alone() -> None:
@@ -318,7 +351,7 @@ def test_wait_idle_resolves_after_abort() -> None:
         results = await asyncio.gather(*tasks)
         assert {r.replica_id for r in results} == {"b"}
 
-    asyncio.run(main())
+    run_virtual(main)
 
 
 def test_retries_are_spread_over_loop_iterations_without_loss() -> None:
@@ -339,7 +372,7 @@ def test_retries_are_spread_over_loop_iterations_without_loss() -> None:
         assert sorted(b.completed) == sorted(f"r{i}" for i in range(20))
         assert lb.counters.resumed == 20
 
-    asyncio.run(main())
+    run_virtual(main)
 
 
 def test_a_failing_request_reporting_its_replica_is_not_cancelled_by_the_eviction() -> None:
@@ -357,4 +390,4 @@ def test_a_failing_request_reporting_its_replica_is_not_cancelled_by_the_evictio
         assert {r.replica_id for r in results} == {"b"}
         assert all(list(r.token_ids) == list(range(100)) for r in results)
 
-    asyncio.run(main())
+    run_virtual(main)

@@ -19,6 +19,7 @@ from dynres.runtime.loop.balancer import LoadBalancer
 from dynres.runtime.loop.controller import Controller, ControllerState
 from dynres.runtime.loop.ops import OpRunner
 from dynres.runtime.protocols import GenerationRequest, GenerationResult, WeightUpdate
+from dynres.runtime.sim.loop import VirtualTimeLoop
 
 
 class GuardedReplica(FakeReplica):
@@ -35,7 +36,8 @@ class GuardedReplica(FakeReplica):
 class BalancerControllerMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        self.loop = asyncio.new_event_loop()
+        # Loop time is virtual: the op timeouts count loop time, never how busy the machine is.
+        self.loop = VirtualTimeLoop()
         self.lb = LoadBalancer(seed=0, sticky_capacity=64)
         self.standalone = [GuardedReplica(f"s{i}", manual=True, response_tokens=50) for i in range(2)]
         self.hybrid = [GuardedReplica(f"h{i}", "hybrid", manual=True, response_tokens=50) for i in range(3)]

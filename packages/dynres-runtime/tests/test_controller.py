@@ -1,11 +1,17 @@
-"""Controller: activation/deactivation ordering, concurrency, timeouts, failures, hooks, rebalance."""
+"""Controller: activation/deactivation ordering, concurrency, timeouts, failures, hooks, rebalance.
+
+Every test that lets time pass runs on the virtual-time loop (``run_virtual``): the fakes'
+token rates, latencies and the op timeouts then count loop time only, so how busy the machine
+is cannot change which request finishes before an abort or a probe (on a real loop, a test
+that slept 50 ms to catch a 300 ms request mid-flight failed when the process lost its core).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
 from collections import Counter
-from collections.abc import KeysView
+from collections.abc import Iterable
 from typing import Any
 
 import pytest
@@ -17,6 +23,7 @@ from dynres.runtime.loop.balancer import LoadBalancer
 from dynres.runtime.loop.controller import Controller, ControllerState
 from dynres.runtime.loop.ops import OpRunner
 from dynres.runtime.protocols import GenerationRequest, Replica, WeightUpdate
+from dynres.runtime.sim.loop import run_virtual
 
 
 class LoggingBalancer(LoadBalancer):
@@ -29,14 +36,18 @@ class LoggingBalancer(LoadBalancer):
     def _note(self, op: str, rid: str) -> None:
         self.log.append(OpRecord(asyncio.get_running_loop().time(), "balancer", op, "end", rid))
 
-    def add_replica(self, replica: Replica) -> None:
-        super().add_replica(replica)
-        self._note("add", replica.replica_id)
+    # add_replica / remove_replica go through these too.
+    def add_replicas(self, replicas: Iterable[Replica]) -> None:
+        batch = list(replicas)
+        super().add_replicas(batch)
+        for r in batch:
+            self._note("add", r.replica_id)
 
-    def remove_replica(self, replica_id: str) -> KeysView[str]:
-        out = super().remove_replica(replica_id)
-        self._note("remove", replica_id)
-        return out
+    def remove_replicas(self, replica_ids: Iterable[str]) -> None:
+        batch = list(replica_ids)
+        super().remove_replicas(batch)
+        for rid in batch:
+            self._note("remove", rid)
 
 
 class Cluster:
@@ -49,6 +60,7 @@ class Cluster:
         timeout_s: float = 5.0,
         hybrid_kw: dict[int, dict[str, Any]] | None = None,
         pm: Any = None,
+        on_change: Any = None,
         **replica_kw: Any,
     ) -> None:
         self.log: list[OpRecord] = []
@@ -59,7 +71,7 @@ class Cluster:
             for i in range(n_hybrid)
         ]
         self.engine = FakeTrainEngine(log=self.log, latency=latency)
-        self.lb = LoggingBalancer(self.log, sticky_capacity=0)
+        self.lb = LoggingBalancer(self.log, sticky_capacity=0, on_change=on_change)
         self.ops = OpRunner(timeout_s=timeout_s, now=lambda: asyncio.get_running_loop().time())
         self.ctl = Controller(
             balancer=self.lb,
@@ -112,7 +124,7 @@ def test_activation_order_weights_before_routable_then_resume() -> None:
         assert c.ctl.last_activate_duration_s > 0
         assert c.violations() == []
 
-    asyncio.run(main())
+    run_virtual(main)
 
 
 def test_batched_deactivation_sleeps_at_once_and_hands_every_request_back_exactly_once() -> None:
@@ -151,7 +163,7 @@ def test_batched_deactivation_sleeps_at_once_and_hands_every_request_back_exactl
         assert len(restarts) == len(on_hybrid)
         assert sum(i > last_sleep for i in restarts) > len(on_hybrid) // 2
 
-    asyncio.run(main())
+    run_virtual(main)
 
 
 def test_deactivation_order_cut_abort_drain_sleep_onload() -> None:
@@ -186,7 +198,39 @@ def test_deactivation_order_cut_abort_drain_sleep_onload() -> None:
         assert all(list(r.token_ids) == list(range(300)) for r in results)
         assert c.violations() == []  # in particular: no sleep with requests in flight
 
-    asyncio.run(main())
+    run_virtual(main)
+
+
+def test_membership_changes_once_per_transition_and_requests_run_only_on_routable_replicas() -> None:
+    async def main() -> None:
+        seen: list[list[str]] = []  # the routable replicas each time the capacity is recomputed
+        c = Cluster(n_hybrid=8, n_standalone=2, latency=0.01, on_change=lambda: seen.append(sorted(c.lb.replica_ids)))
+        c.register_standalone()
+        seen.clear()
+        await c.ctl.activate(UPDATE)
+        hybrid_ids = [h.replica_id for h in c.hybrid]
+        assert seen == [sorted(["s0", "s1", *hybrid_ids])]  # one recompute, all 8 already routable
+        tasks = [asyncio.create_task(c.lb.generate(req(i))) for i in range(200)]
+        await asyncio.sleep(0.05)
+        on_hybrid = {r for h in c.hybrid for r in h.in_flight_ids}
+        assert len(on_hybrid) > 100
+        await c.ctl.deactivate()
+        assert seen[1:] == [["s0", "s1"]]  # one recompute, after all 8 left
+        results = await asyncio.gather(*tasks)
+        # Nothing lost or doubled: every request completes once with all its tokens.
+        assert sorted(r.request_id for r in results) == sorted(f"r{i}" for i in range(200))
+        assert all(list(r.token_ids) == list(range(300)) for r in results)
+        done = Counter(x for r in [*c.standalone, *c.hybrid] for x in r.completed)
+        assert set(done.values()) == {1} and len(done) == 200
+        # Every attempt on a hybrid replica started while it was routable.
+        for rid in hybrid_ids:
+            add, remove = c.idx("balancer", "add", "end", rid), c.idx("balancer", "remove", "end", rid)
+            starts = [i for i, r in enumerate(c.log) if r.target == rid and r.op == "generate" and r.event == "start"]
+            assert starts and all(add < i < remove for i in starts)
+        assert c.violations() == []
+        c.lb.check_invariants()
+
+    run_virtual(main)
 
 
 def test_operations_on_many_replicas_run_concurrently() -> None:
@@ -199,7 +243,7 @@ def test_operations_on_many_replicas_run_concurrently() -> None:
             ends = [i for i, r in enumerate(c.log) if r.op == op and r.event == "end" and r.target.startswith("h")]
             assert max(starts[:6]) < min(ends), f"{op} ran one replica after another"
 
-    asyncio.run(main())
+    run_virtual(main)
 
 
 def test_hung_sleep_times_out_names_the_replica_and_run_continues() -> None:
@@ -216,7 +260,7 @@ def test_hung_sleep_times_out_names_the_replica_and_run_continues() -> None:
         assert await c.ctl.activate(UPDATE)  # the next activation uses the healthy replica only
         assert sorted(c.lb.replica_ids) == ["h0", "s0"]
 
-    asyncio.run(main())
+    run_virtual(main)
 
 
 def test_hung_abort_evicts_requests_to_standalone() -> None:
@@ -237,7 +281,7 @@ def test_hung_abort_evicts_requests_to_standalone() -> None:
         assert not c.hybrid[0].ops("sleep")  # not asked to sleep either: it would hang too
         assert not await c.ctl.activate(UPDATE)
 
-    asyncio.run(main())
+    run_virtual(main)
 
 
 def test_failed_wake_up_puts_that_replica_only_on_probation() -> None:
@@ -250,7 +294,7 @@ def test_failed_wake_up_puts_that_replica_only_on_probation() -> None:
         assert c.hybrid[0].ops("sleep")  # asked to give its memory back
         assert any(f.op == "wake_up" and f.target == "h0" for f in c.ops.failures)
 
-    asyncio.run(main())
+    run_virtual(main)
 
 
 def test_activation_with_every_replica_failing_gives_the_gpus_back() -> None:
@@ -262,7 +306,7 @@ def test_activation_with_every_replica_failing_gives_the_gpus_back() -> None:
         assert c.lb.replica_ids == []
         assert not await c.ctl.activate(UPDATE)  # nothing usable left: a no-op
 
-    asyncio.run(main())
+    run_virtual(main)
 
 
 def test_trainer_offload_failure_cancels_activation() -> None:
@@ -273,7 +317,7 @@ def test_trainer_offload_failure_cancels_activation() -> None:
         assert c.ctl.state is ControllerState.STANDALONE_ONLY
         assert all(not h.ops("wake_up") for h in c.hybrid)
 
-    asyncio.run(main())
+    run_virtual(main)
 
 
 def test_state_transitions_are_reported_through_the_hook() -> None:
@@ -294,7 +338,7 @@ def test_state_transitions_are_reported_through_the_hook() -> None:
         await c.ctl.rebalance()
         await c.ctl.deactivate()
 
-    asyncio.run(main())
+    run_virtual(main)
     assert seen == [
         ("STANDALONE_ONLY", "ACTIVATING"),
         ("ACTIVATING", "HYBRID_ACTIVE"),
@@ -323,7 +367,7 @@ def test_rebalance_aborts_only_requests_that_should_move() -> None:
                 r.finish(rid)
         await asyncio.gather(*tasks)
 
-    asyncio.run(main())
+    run_virtual(main)
 
 
 def test_rebalance_after_activation_with_balanced_load_aborts_nothing() -> None:
@@ -334,7 +378,7 @@ def test_rebalance_after_activation_with_balanced_load_aborts_nothing() -> None:
         assert await c.ctl.rebalance() == 0
         assert not [r for r in c.log if r.op == "abort"]
 
-    asyncio.run(main())
+    run_virtual(main)
 
 
 def test_weight_sync_failure_quarantines_standalone_and_moves_its_requests() -> None:
@@ -350,7 +394,7 @@ def test_weight_sync_failure_quarantines_standalone_and_moves_its_requests() -> 
         results = await asyncio.gather(*tasks)
         assert all(list(r.token_ids) == list(range(300)) for r in results)
 
-    asyncio.run(main())
+    run_virtual(main)
 
 
 def test_transitions_in_the_wrong_state_are_errors() -> None:
@@ -364,7 +408,7 @@ def test_transitions_in_the_wrong_state_are_errors() -> None:
         with pytest.raises(RuntimeStateError, match="cannot activate in controller state HYBRID_ACTIVE"):
             await c.ctl.activate(UPDATE)
 
-    asyncio.run(main())
+    run_virtual(main)
 
 
 def test_standalone_replica_back_from_probation_with_the_newest_weights() -> None:
@@ -384,7 +428,7 @@ def test_standalone_replica_back_from_probation_with_the_newest_weights() -> Non
         assert [e.event for e in c.ctl.replica_events] == ["probation", "back"]
         assert c.standalone[0].ops("health")
 
-    asyncio.run(main())
+    run_virtual(main)
 
 
 def test_probation_backoff_doubles_and_failed_probes_quarantine() -> None:
@@ -403,7 +447,7 @@ def test_probation_backoff_doubles_and_failed_probes_quarantine() -> None:
         assert "3 health probes failed" in c.ctl.quarantined["s0"]
         assert not c.ctl.probing and c.lb.replica_ids == ["s1"]
 
-    asyncio.run(main())
+    run_virtual(main)
 
 
 def test_a_lost_replica_is_quarantined_at_once_not_probed() -> None:
@@ -415,4 +459,4 @@ def test_a_lost_replica_is_quarantined_at_once_not_probed() -> None:
         assert "the replica is lost (ActorDiedError: node gone)" in c.ctl.quarantined["s0"]
         assert not c.ctl.probing and c.lb.replica_ids == ["s1"]
 
-    asyncio.run(main())
+    run_virtual(main)

@@ -119,3 +119,22 @@ def test_fail_on_from_yaml_names_an_exception() -> None:
 def test_bad_train_engine_faults_are_config_errors() -> None:
     with pytest.raises(ConfigError, match="unknown op"):
         FakeTrainEngine(fail_on={"generate": RuntimeError})
+
+
+def test_batch_aborts_bigger_than_the_shared_take_out_budget_lose_and_double_nothing() -> None:
+    async def main() -> None:
+        reps = [FakeReplica(f"s{i}", tokens_per_s=1000, response_tokens=10_000) for i in range(3)]
+        for r in reps:
+            for k in range(3000):
+                r.submit(_req(f"{r.replica_id}-{k}", 10_000))
+        await asyncio.sleep(0.01)  # 10 tokens each
+        # 1,500 ids per replica (4,500 together, over two iterations' budget) and one unknown id.
+        picked = {r.replica_id: [f"{r.replica_id}-{k}" for k in range(0, 3000, 2)] + ["nope"] for r in reps}
+        outs = await asyncio.gather(*(r.abort_batch(picked[r.replica_id]) for r in reps))
+        for r, out in zip(reps, outs, strict=True):
+            results = [out[i] for i in range(len(out))]
+            assert [res.request_id for res in results] == picked[r.replica_id][:-1]
+            assert all(res.finish_reason == "abort" and list(res.token_ids) == list(range(10)) for res in results)
+            assert sorted(r.in_flight_ids) == sorted(f"{r.replica_id}-{k}" for k in range(1, 3000, 2))
+
+    run_virtual(main, idle_timeout_s=5.0)

@@ -134,7 +134,8 @@ class LoadBalancer:
         :param completed_window: completed request ids remembered to catch a request completing
             twice (count); between ``completed_window`` and twice that many are kept, the oldest
             go first, so memory stays bounded however long the run.
-        :param on_change: called after every add/remove (the rollouter recomputes its capacity).
+        :param on_change: called after every change of membership: once per :meth:`add_replicas` /
+            :meth:`remove_replicas` batch, once per single add/remove (the rollouter recomputes its capacity).
         :param on_replica_failure: called with (replica_id, error) whenever a replica raises during
             generation; the balancer has already removed it from routing.
         """
@@ -215,21 +216,39 @@ class LoadBalancer:
         (usually 0), so their release keeps the count right. A new registration epoch
         invalidates the sticky entries of the earlier one.
         """
-        rid = replica.replica_id
-        if rid in self._replicas:
-            raise RuntimeStateError(f"replica {rid!r} is already registered in the load balancer; remove it first")
-        running = self._by_replica.setdefault(rid, {})
-        c = len(running)
-        self._replicas[rid] = replica
-        self._next_epoch += 1
-        self._epoch[rid] = self._next_epoch
-        self._count[rid] = c
-        self._bucket_add(rid, c)
-        self._min = c if len(self._replicas) == 1 else min(self._min, c)
-        self._event().set()
-        logger.debug("replica %s added to routing", rid)
-        if self._on_change is not None:
-            self._on_change()
+        self.add_replicas((replica,))
+
+    def add_replicas(self, replicas: Iterable[Replica]) -> None:
+        """Make every replica of ``replicas`` routable, then call ``on_change`` once.
+
+        An activation of hundreds of hybrid replicas adds them together; ``on_change`` (the
+        rollouter's capacity and rollout point) is asked once for the new membership instead
+        of once per replica. Nothing is added when one id is registered or listed twice.
+        """
+        batch = list(replicas)
+        seen: set[str] = set()
+        for replica in batch:
+            rid = replica.replica_id
+            if rid in self._replicas:
+                raise RuntimeStateError(f"replica {rid!r} is already registered in the load balancer; remove it first")
+            if rid in seen:
+                raise RuntimeStateError(f"replica {rid!r} is listed twice in one add_replicas call; list it once")
+            seen.add(rid)
+        for replica in batch:
+            rid = replica.replica_id
+            running = self._by_replica.setdefault(rid, {})
+            c = len(running)
+            self._replicas[rid] = replica
+            self._next_epoch += 1
+            self._epoch[rid] = self._next_epoch
+            self._count[rid] = c
+            self._bucket_add(rid, c)
+            self._min = c if len(self._replicas) == 1 else min(self._min, c)
+            logger.debug("replica %s added to routing", rid)
+        if batch:
+            self._event().set()
+            if self._on_change is not None:
+                self._on_change()
 
     def remove_replica(self, replica_id: str) -> KeysView[str]:
         """Stop routing to ``replica_id``; return the ids of requests still running on it.
@@ -240,24 +259,45 @@ class LoadBalancer:
         running requests are not touched: the caller aborts them (they are then retried
         elsewhere) or calls :meth:`evict`.
         """
-        if replica_id not in self._replicas:
-            raise RuntimeStateError(
-                f"replica {replica_id!r} is not registered in the load balancer; "
-                f"registered: {sorted(self._replicas) or '(none)'}"
-            )
-        c = self._count.pop(replica_id)
-        self._bucket_remove(replica_id, c)
-        del self._replicas[replica_id]
-        del self._epoch[replica_id]
+        self.remove_replicas((replica_id,))
+        return self._by_replica.get(replica_id, {}).keys()
+
+    def remove_replicas(self, replica_ids: Iterable[str]) -> None:
+        """Stop routing to every replica of ``replica_ids``, then call ``on_change`` once.
+
+        What :meth:`remove_replica` does for each, with one ``on_change`` for the whole batch: a
+        deactivation of 512 hybrid replicas recomputed the rollouter's capacity 512 times in one
+        loop iteration. Nothing is removed when one id is not registered or listed twice.
+        """
+        batch = list(replica_ids)
+        seen: set[str] = set()
+        for replica_id in batch:
+            if replica_id in seen:
+                raise RuntimeStateError(
+                    f"replica {replica_id!r} is listed twice in one remove_replicas call; list it once"
+                )
+            if replica_id not in self._replicas:
+                raise RuntimeStateError(
+                    f"replica {replica_id!r} is not registered in the load balancer; "
+                    f"registered: {sorted(self._replicas) or '(none)'}"
+                )
+            seen.add(replica_id)
+        for replica_id in batch:
+            c = self._count.pop(replica_id)
+            self._bucket_remove(replica_id, c)
+            del self._replicas[replica_id]
+            del self._epoch[replica_id]
+            logger.debug("replica %s removed from routing (%d requests running on it)", replica_id, c)
+        if not batch:
+            return
+        # Removals only raise the lowest load: one scan up from the old pointer covers the batch.
         if not self._replicas:
             self._min = 0
             self._event().clear()
-        elif c == self._min and not self._buckets[c]:
-            self._min = self._lowest_bucket(c)
-        logger.debug("replica %s removed from routing (%d requests running on it)", replica_id, c)
+        elif not self._buckets[self._min]:
+            self._min = self._lowest_bucket(self._min)
         if self._on_change is not None:
             self._on_change()
-        return self._by_replica.get(replica_id, {}).keys()
 
     def has_replica(self, replica_id: str) -> bool:
         """True while ``replica_id`` is routable."""

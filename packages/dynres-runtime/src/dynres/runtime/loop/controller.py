@@ -362,8 +362,7 @@ class Controller:
             ok = await phase("wake_up", candidates, lambda r: r.wake_up(["weights"]))
             ok = await phase("update_weights", ok, lambda r: r.update_weights(update))
             ok = await phase("wake_up", ok, lambda r: r.wake_up(["kv_cache"]))
-            for r in ok:
-                self.balancer.add_replica(r)
+            self.balancer.add_replicas(ok)  # one capacity change for all of them
             self.active = list(ok)
             ok = await phase("resume", ok, lambda r: r.resume())
             failed = [r for r in candidates if r not in ok]
@@ -399,9 +398,8 @@ class Controller:
             waited = 0.0
             self._set(ControllerState.DEACTIVATING)
             replicas = list(self.active)
-            for r in replicas:
-                if self.balancer.has_replica(r.replica_id):
-                    self.balancer.remove_replica(r.replica_id)
+            # One capacity change for all of them, not one per replica.
+            self.balancer.remove_replicas([r.replica_id for r in replicas if self.balancer.has_replica(r.replica_id)])
 
             async def abort_and_drain(r: Replica) -> None:
                 if self.balancer.can_batch_abort(r):

@@ -273,8 +273,7 @@ class FullyAsyncRun:
             standalone_gpus=spec.standalone_gpus if spec.standalone_gpus is not None else cfg.rollout.n_gpus,
         )
         """Drives the sync cycles: policy calls, collections, train steps, weight syncs."""
-        for r in spec.standalone:
-            self.balancer.add_replica(r)
+        self.balancer.add_replicas(spec.standalone)
         self.startup_probe: StartupProbe | None = None
         """What the start-up switch probe measured; None when it did not run."""
         self.interrupted_report: RunReport | None = None
