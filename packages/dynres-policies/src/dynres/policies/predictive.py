@@ -41,6 +41,10 @@ class Estimates:
     replicas finish samples themselves rather than holding them)."""
     wait_bias: float = 0.0
     """Correction added to the forecast wait target, learned from waits after deactivation (samples)."""
+    token_gain: float = -1.0
+    """Hybrid replicas' token rate while routable over the standalone replicas' token rate in the
+    same cycles (ratio, the model's rho measured directly; -1 = engines count no tokens or no hybrid
+    cycle yet)."""
     static_idle_share: float = -1.0
     """Realised trainer idle per second of training in cycles without hybrids (ratio; -1 = none seen)."""
     hybrid_idle_share: float = -1.0
@@ -214,6 +218,14 @@ class PredictivePolicy(Policy):
             "finished at least 1 + this times faster while hybrids were routable than after they left "
             "(ratio).",
         )
+        min_hybrid_gain: float = Field(
+            0.15,
+            ge=0.0,
+            description="Count the hybrid replicas as adding nothing when their measured token rate is below "
+            "this fraction of the standalone replicas' (token_gain): the model's saving rho / (1 + rho) of the "
+            "idle leaves out what slow hybrids cost besides the switch (work they hold, resumed elsewhere), "
+            "so a few percent is no saving (ratio).",
+        )
         rebalance: bool = Field(True, description="Move in-flight work onto freshly activated replicas.")
 
         @model_validator(mode="after")
@@ -330,7 +342,23 @@ class PredictivePolicy(Policy):
         return r / (1.0 - r)
 
     def hybrid_gain(self, ctx: ScheduleContext, est: Estimates) -> float:
-        """rho: extra production with hybrids over the standalone replicas' alone (ratio).
+        """rho as the decisions use it: extra production with hybrids over the standalone
+        replicas' alone (ratio).
+
+        From the engines' token counts when they report them (``token_gain``, cut to 0 below
+        ``min_hybrid_gain``): a direct measurement of what the hybrid replicas generate, which
+        sample counts are not (with partial rollout, samples the hybrids worked on finish on
+        standalone replicas, and the other way round). The tokens bound what hybrids can add, not
+        what a cycle realises: once cycles without hybrids were measured as well, the lower of the
+        two. Without token counts, :meth:`production_gain`.
+        """
+        if est.token_gain >= 0:
+            tokens = est.token_gain if est.token_gain >= self.params.min_hybrid_gain else 0.0
+            return min(tokens, self.measured_gain(est))
+        return self.production_gain(ctx, est)
+
+    def production_gain(self, ctx: ScheduleContext, est: Estimates) -> float:
+        """rho from cycle-level measurements, what the standalone production is inferred with (ratio).
 
         Measured when both kinds of cycle have run: the model's saving ``(X - a - d) rho / (1 +
         rho)`` set equal to the realised one, ``X`` being the measured static idle. Before that,
@@ -405,6 +433,13 @@ class PredictivePolicy(Policy):
         # The run's first cycle starts from an empty pipeline and says little about later ones.
         settled = ctx.global_steps > 1
         if h > 0:
+            if ctx.last_standalone_tokens > 0:
+                # Tokens per second: the hybrids' over their routable time against the standalone
+                # replicas' over the whole cycle (their counts lag by the requests still running;
+                # over a whole cycle that is a small share).
+                gain = (ctx.last_hybrid_tokens / h) / (ctx.last_standalone_tokens / cycle_s)
+                prev = out.token_gain
+                out = replace(out, token_gain=gain if prev < 0 else (1.0 - w) * prev + w * gain)
             rest_s = max(1e-9, cycle_s - h)
             collect = max(0.0, generated - ctx.last_hybrid_generated_samples) / rest_s * train_s / step_required
             window = ctx.last_hybrid_generated_samples / h * train_s / step_required
@@ -417,7 +452,7 @@ class PredictivePolicy(Policy):
             )
             if out.static_cycles == 0:
                 # No cycle without hybrids yet: infer the standalone production through rho.
-                share = generated / (cycle_s + self.hybrid_gain(ctx, out) * h) * train_s / step_required
+                share = generated / (cycle_s + self.production_gain(ctx, out) * h) * train_s / step_required
                 out = _learn_share(out, share, throttled, w)
             # The wait target missed by what the collections still had to wait for; a cycle
             # that never waited may have waited too long for its hybrids: lower it a little.
