@@ -438,8 +438,9 @@ class PredictivePolicy(Policy):
                 # replicas' over the whole cycle (their counts lag by the requests still running;
                 # over a whole cycle that is a small share).
                 gain = (ctx.last_hybrid_tokens / h) / (ctx.last_standalone_tokens / cycle_s)
-                prev = out.token_gain
-                out = replace(out, token_gain=gain if prev < 0 else (1.0 - w) * prev + w * gain)
+                if gain < _MAX_GAIN:  # a window of a few nanoseconds is no measurement
+                    prev = out.token_gain
+                    out = replace(out, token_gain=gain if prev < 0 else (1.0 - w) * prev + w * gain)
             rest_s = max(1e-9, cycle_s - h)
             collect = max(0.0, generated - ctx.last_hybrid_generated_samples) / rest_s * train_s / step_required
             window = ctx.last_hybrid_generated_samples / h * train_s / step_required
@@ -533,6 +534,9 @@ class PredictivePolicy(Policy):
 
 _MAX_SECONDS = 1e9
 """Durations beyond this (about 30 years) are not measurements (seconds)."""
+
+_MAX_GAIN = 1e6
+"""Hybrid over standalone token rates beyond this are not measurements (ratio)."""
 
 
 def _ema(old: float, new: float, weight: float) -> float:
