@@ -394,3 +394,19 @@ def test_sim_hybrid_replicas_without_gain_cost_almost_nothing() -> None:
     static = _simulate("hybrid-no-gain-16-16", "static_fully_async", **ov)
     assert mine.end_to_end_s <= 1.01 * static, (mine.end_to_end_s, static)
     assert mine.switches <= 2
+
+
+def test_the_first_cycles_production_is_replaced_not_averaged() -> None:
+    # The first cycle trained on the samples that finished first: short training (100 s against
+    # 200 s later) makes its production per training second look low, and averaging it in raised
+    # the next wait targets by 30-60 samples on seed-dynamic-64-64. After the second cycle the
+    # policy knows what one that only saw the second cycle knows.
+    first = cycle_ctx(1, cycle_s=380.0, train_s=100.0, hybrid_s=150.0, hybrid_generated=30)
+    second = cycle_ctx(2, cycle_s=380.0, train_s=200.0, hybrid_s=150.0, hybrid_generated=30)
+    both, only_second = PredictivePolicy({"calibrate_static": False}), PredictivePolicy({"calibrate_static": False})
+    run(both, [first, second])
+    run(only_second, [second])
+    assert both.est.standalone_share == pytest.approx(only_second.est.standalone_share)
+    ctx = make_ctx(is_hybrid_active=True, num_active_replicas=4, staleness_threshold=0.5)
+    # (up to the d x g term: the training time is still averaged over both cycles)
+    assert abs(both.deactivate_wait_samples(ctx) - only_second.deactivate_wait_samples(ctx)) <= 1

@@ -107,7 +107,9 @@ class PredictivePolicy(Policy):
     which the trainer never waited and the queue reached its staleness cap only raises production
     estimates (it was held back by the budget, not by the replicas). ``rho`` starts at the
     replica-count ratio (a hybrid replica as fast as a standalone one) and is measured against
-    the idle of cycles without hybrids. With ``calibrate_static`` on, one cycle that starts with a
+    the idle of cycles without hybrids, and, where the engines count tokens, from the hybrid
+    replicas' token rate (``token_gain``; below ``min_hybrid_gain`` they count as adding
+    nothing). The first cycle's production estimate is replaced by the second's, not averaged. With ``calibrate_static`` on, one cycle that starts with a
     full queue runs without hybrids to measure it, but only while the forecast saving is within
     ``calibrate_max_saving`` switch costs (a clear saving is not worth a cycle of waiting).
 
@@ -432,6 +434,11 @@ class PredictivePolicy(Policy):
         idle_s = max(0.0, cycle_s - train_s - ctx.last_sync_s)
         # The run's first cycle starts from an empty pipeline and says little about later ones.
         settled = ctx.global_steps > 1
+        # The first cycle also trained on the samples that finished first, the short ones: per
+        # second of its (short) training the production looks low (standalone_share 0.22 after it
+        # against 0.4 later on seed-dynamic-64-64, wait targets 30-60 samples too high for the
+        # next three cycles). The second cycle's measurement replaces it instead of averaging.
+        settled_before = ctx.global_steps > 2
         if h > 0:
             if ctx.last_standalone_tokens > 0:
                 # Tokens per second: the hybrids' over their routable time against the standalone
@@ -454,7 +461,7 @@ class PredictivePolicy(Policy):
             if out.static_cycles == 0:
                 # No cycle without hybrids yet: infer the standalone production through rho.
                 share = generated / (cycle_s + self.production_gain(ctx, out) * h) * train_s / step_required
-                out = _learn_share(out, share, throttled, w)
+                out = _learn_share(out, share, throttled, w, replace_old=not settled_before)
             # The wait target missed by what the collections still had to wait for; a cycle
             # that never waited may have waited too long for its hybrids: lower it a little.
             missing = max(ctx.step_wait_samples, default=0)
@@ -477,7 +484,7 @@ class PredictivePolicy(Policy):
                 # The first direct measurement replaces what was inferred through the prior.
                 out = replace(out, standalone_share=share)
             else:
-                out = _learn_share(out, share, throttled, w)
+                out = _learn_share(out, share, throttled, w, replace_old=not settled_before)
             out = replace(out, static_cycles=out.static_cycles + 1)
             if settled:
                 share = idle_s / train_s
@@ -543,8 +550,10 @@ def _ema(old: float, new: float, weight: float) -> float:
     return new if old <= 0 else (1.0 - weight) * old + weight * new
 
 
-def _learn_share(est: Estimates, share: float, throttled: bool, weight: float) -> Estimates:
+def _learn_share(
+    est: Estimates, share: float, throttled: bool, weight: float, *, replace_old: bool = False
+) -> Estimates:
     # A throttled cycle's production is only a floor on what the replicas can do.
     if share <= 0 or (throttled and share <= est.standalone_share):
         return est
-    return replace(est, standalone_share=_ema(est.standalone_share, share, weight))
+    return replace(est, standalone_share=share if replace_old else _ema(est.standalone_share, share, weight))
