@@ -109,9 +109,10 @@ class PredictivePolicy(Policy):
     replica-count ratio (a hybrid replica as fast as a standalone one) and is measured against
     the idle of cycles without hybrids, and, where the engines count tokens, from the hybrid
     replicas' token rate (``token_gain``; below ``min_hybrid_gain`` they count as adding
-    nothing). The first cycle's production estimate is replaced by the second's, not averaged. With ``calibrate_static`` on, one cycle that starts with a
-    full queue runs without hybrids to measure it, but only while the forecast saving is within
-    ``calibrate_max_saving`` switch costs (a clear saving is not worth a cycle of waiting).
+    nothing). The first cycle's production estimate is replaced by the second's, not averaged.
+    With ``calibrate_static`` on, one cycle that starts with a full queue runs without hybrids to
+    measure it, but only while the forecast saving is within ``calibrate_max_saving`` switch costs
+    (a clear saving is not worth a cycle of waiting).
 
     After each hybrid cycle the realised idle (everything but training and the weight sync,
     switches included) is compared with the static reference: the idle per training second of
