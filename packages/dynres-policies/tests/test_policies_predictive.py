@@ -340,3 +340,73 @@ def test_after_a_first_cycle_that_ran_ahead_only_its_measured_waits_decide() -> 
         assert p.forecast(first, p.learn(first)).saving_s > 100.0  # the forecast alone would switch
         answers.append(run(p, [first])[0])
     assert answers == [False, True]
+
+
+# ---- Token counts: what hybrid replicas really generate ------------------------------------------
+
+
+def _token_cycles(hybrid_share: float) -> list[ScheduleContext]:
+    # Production-bound hybrid cycles (380 s, hybrids routable 150 s); the standalone replicas
+    # generate 100,000 tokens per cycle, the hybrids ``hybrid_share`` of their rate while routable.
+    standalone = 100_000
+    hybrid = int(hybrid_share * standalone / 380.0 * 150.0)
+    return [
+        production_bound(k, hybrid=True, last_hybrid_tokens=hybrid, last_standalone_tokens=standalone)
+        for k in range(1, 6)
+    ]
+
+
+@pytest.mark.parametrize("min_gain", [0.15, 0.0])
+def test_hybrids_that_generate_few_tokens_stop_the_switching(min_gain: float) -> None:
+    # Sample counts cannot show it (partial rollout moves the hybrids' work onto standalone
+    # replicas), but their token rate is 5% of the standalone replicas': no saving worth a switch.
+    answers = {}
+    for share in (1.0, 0.05):
+        p = PredictivePolicy({"calibrate_static": False, "min_hybrid_gain": min_gain})
+        answers[share] = run(p, [make_ctx(global_steps=0), *_token_cycles(share)])
+        assert p.est.token_gain == pytest.approx(share, rel=0.01)
+    assert answers[1.0] == [True] * 6
+    if min_gain > 0:
+        assert answers[0.05] == [True] + [False] * 5
+    else:
+        # Without the cut the model's rho / (1 + rho) saving of a 5% gain still beats the switch.
+        assert answers[0.05] == [True] * 6
+
+
+def test_the_realised_saving_caps_what_the_token_counts_promise() -> None:
+    # Tokens say the hybrids generate as fast as the standalone replicas; measured cycles say the
+    # hybrid cycles idle more than those without (big switches, work held): the lower one counts.
+    p = PredictivePolicy()
+    est = Estimates(train_s=100.0, token_gain=1.0, activate_s=10.0, deactivate_s=6.0)
+    ctx = make_ctx(global_steps=5)
+    assert p.hybrid_gain(ctx, est) == 1.0
+    assert p.hybrid_gain(ctx, replace(est, static_idle_share=1.0, hybrid_idle_share=1.5)) == 0.0
+    assert p.hybrid_gain(ctx, replace(est, token_gain=0.05)) == 0.0  # below min_hybrid_gain
+
+
+def test_sim_hybrid_replicas_without_gain_cost_almost_nothing() -> None:
+    # Hybrid replicas at 5% of a standalone one: predictive measures it in its first hybrid cycle
+    # (the cold-start activation) and never switches again.
+    from dynres.runtime.sim import simulate
+
+    ov = {"steps": 12}
+    mine = simulate("hybrid-no-gain-16-16", policy="predictive", overrides=ov)
+    static = _simulate("hybrid-no-gain-16-16", "static_fully_async", **ov)
+    assert mine.end_to_end_s <= 1.01 * static, (mine.end_to_end_s, static)
+    assert mine.switches <= 2
+
+
+def test_the_first_cycles_production_is_replaced_not_averaged() -> None:
+    # The first cycle trained on the samples that finished first: short training (100 s against
+    # 200 s later) makes its production per training second look low, and averaging it in raised
+    # the next wait targets by 30-60 samples on seed-dynamic-64-64. After the second cycle the
+    # policy knows what one that only saw the second cycle knows.
+    first = cycle_ctx(1, cycle_s=380.0, train_s=100.0, hybrid_s=150.0, hybrid_generated=30)
+    second = cycle_ctx(2, cycle_s=380.0, train_s=200.0, hybrid_s=150.0, hybrid_generated=30)
+    both, only_second = PredictivePolicy({"calibrate_static": False}), PredictivePolicy({"calibrate_static": False})
+    run(both, [first, second])
+    run(only_second, [second])
+    assert both.est.standalone_share == pytest.approx(only_second.est.standalone_share)
+    ctx = make_ctx(is_hybrid_active=True, num_active_replicas=4, staleness_threshold=0.5)
+    # (up to the d x g term: the training time is still averaged over both cycles)
+    assert abs(both.deactivate_wait_samples(ctx) - only_second.deactivate_wait_samples(ctx)) <= 1

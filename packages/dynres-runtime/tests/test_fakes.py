@@ -138,3 +138,36 @@ def test_batch_aborts_bigger_than_the_shared_take_out_budget_lose_and_double_not
             assert sorted(r.in_flight_ids) == sorted(f"{r.replica_id}-{k}" for k in range(1, 3000, 2))
 
     run_virtual(main, idle_timeout_s=5.0)
+
+
+def test_generated_tokens_counts_only_what_the_replica_itself_produced() -> None:
+    # A request resumed with 30 tokens of partial output, aborted after ~20 more here, then a
+    # fresh one run to its end (72): the counter holds the 20 + 72 new tokens, not the 30 carried.
+    r = FakeReplica("h0", tokens_per_s=100)
+    resumed = _req("r1").resumed(range(30), [0.0] * 30)
+
+    async def main() -> tuple[int, int]:
+        task = asyncio.ensure_future(r.generate(resumed))
+        await asyncio.sleep(0.2)
+        await r.abort()
+        partial = await task
+        await r.generate(_req("r2"))
+        return len(partial.token_ids) - 30, r.generated_tokens
+
+    new, counted = run_virtual(main, idle_timeout_s=2.0)
+    assert 15 <= new <= 25
+    assert counted == new + 72
+
+
+def test_generated_tokens_counts_a_batch_abort() -> None:
+    r = FakeReplica("h0", tokens_per_s=100)
+
+    async def main() -> tuple[int, int]:
+        fut = r.submit(_req("r1").resumed(range(10), [0.0] * 10))
+        await asyncio.sleep(0.3)
+        results = await r.abort_batch()
+        fut.cancel()
+        return sum(len(x.token_ids) - 10 for x in results), r.generated_tokens
+
+    new, counted = run_virtual(main, idle_timeout_s=2.0)
+    assert new > 0 and counted == new

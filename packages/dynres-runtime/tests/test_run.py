@@ -250,3 +250,57 @@ def test_checkpoint_during_a_run_is_json() -> None:
     asyncio.run(r.run())
     assert len(snapshots) == 2
     assert json.loads(snapshots[1])["global_steps"] == 2
+
+
+def _token_contexts(hybrid_tokens_per_s: float) -> tuple[list[Any], FakeCluster]:
+    from dynres.core import ScheduleContext
+    from dynres.policies.default import DefaultPolicy
+
+    loop_mod = pytest.importorskip("dynres.runtime.sim.loop")
+    seen: list[ScheduleContext] = []
+
+    class Recording(DefaultPolicy):
+        name = "recording_default_tokens"
+
+        def should_activate_after_step(self, ctx: ScheduleContext) -> bool:
+            return True  # hybrids in every cycle: each one measures them
+
+        def update_after_step(self, ctx: ScheduleContext) -> None:
+            seen.append(ctx)
+
+    # Production-bound: a response takes 2-4 s per request, a fit step 0.5 s.
+    cl = FakeCluster(
+        2,
+        2,
+        tokens_per_s=100,
+        response_tokens=lambda r: 200 + hash(r.request_id) % 200,
+        latency=0.05,
+        phase_times={"update_actor": 0.5},
+    )
+    for r in cl.hybrid:
+        r.tokens_per_s = hybrid_tokens_per_s
+    pol = Recording({"deactivate_ratio": 0.5})
+    loop_mod.run_virtual(run_fully_async(spec(cl, policy=pol, num_cycles=5, seed=1, prompts=fake_prompts(n=2))))
+    return seen, cl
+
+
+def test_context_token_counts_tell_slow_hybrid_replicas_from_fast_ones() -> None:
+    """last_hybrid_tokens / last_standalone_tokens: per kind, per cycle, what the replicas produced."""
+    rates = {}
+    for hybrid_speed in (100.0, 5.0):
+        seen, cl = _token_contexts(hybrid_speed)
+        cycles = seen[1:]  # seen[0] is the start-up decision, before any cycle
+        assert len(cycles) == 5
+        # Every token the replicas counted by the run's last decision is in exactly one cycle.
+        assert sum(c.last_hybrid_tokens + c.last_standalone_tokens for c in cycles) <= sum(
+            r.generated_tokens for r in cl.replicas
+        )
+        assert sum(c.last_hybrid_tokens for c in cycles) == sum(r.generated_tokens for r in cl.hybrid)
+        # Cycles whose queue already held the wait target deactivate at once: no window to measure.
+        hybrid = [c for c in cycles if c.last_hybrid_active_s > 0.5]
+        assert hybrid and all(c.last_standalone_tokens > 0 for c in cycles)
+        # Tokens per second of the hybrids while routable against the standalone ones' over the cycle.
+        rates[hybrid_speed] = sum(c.last_hybrid_tokens / c.last_hybrid_active_s for c in hybrid) / sum(
+            c.last_standalone_tokens / c.last_cycle_time_s for c in hybrid
+        )
+    assert rates[5.0] < 0.15 < 0.5 < rates[100.0], rates

@@ -125,3 +125,27 @@ def test_long_simulated_fit_steps_are_not_timeouts() -> None:
     r = simulate("verl-7b-async-16-16", overrides={"steps": 1, "workload.train.step_s": 1600.0})
     assert len(r.report.cycles) == 1 and not r.report.op_failures
     assert r.extra["train_compute_s"] > 4 * 1000
+
+
+def test_context_token_counts_measure_the_hybrid_speed_factor() -> None:
+    # Hybrid replicas decoding at 85% and at 5% of a standalone one: per cycle with hybrids, their
+    # token rate while routable against the standalone replicas' over the cycle tells the two
+    # apart (sample counts do not: with partial rollout the standalone replicas finish the samples
+    # the hybrids worked on).
+    measured = {}
+    for factor in (0.85, 0.05):
+        pol = Recording({"deactivate_ratio": 0.6})
+        simulate(
+            "seed-dynamic-16-16", policy=pol, overrides={"steps": 4, "workload.decode.hybrid_speed_factor": factor}
+        )
+        cycles = pol.seen[1:]
+        assert all(c.last_standalone_tokens > 0 for c in cycles)
+        assert all((c.last_hybrid_tokens > 0) == (c.last_hybrid_active_s > 0) for c in cycles)
+        hybrid = [c for c in cycles if c.last_hybrid_active_s > 0]
+        per_replica = [
+            (c.last_hybrid_tokens / c.last_hybrid_active_s / c.num_hybrid_replicas)
+            / (c.last_standalone_tokens / c.last_cycle_time_s / c.num_standalone_replicas)
+            for c in hybrid
+        ]
+        measured[factor] = sum(per_replica) / len(per_replica)
+    assert measured[0.05] < 0.1 and 0.6 < measured[0.85] < 1.4, measured

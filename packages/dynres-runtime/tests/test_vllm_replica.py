@@ -83,6 +83,7 @@ def test_greedy_matches_hf_and_reports_logprobs(loop, replica, models):
 
 
 def test_abort_mid_stream_returns_partial_and_resumes_to_completion(loop, replica):
+    counted_before = replica.generated_tokens
     full = loop.run_until_complete(replica.generate(_req("full", 120)))
 
     async def scenario():
@@ -103,6 +104,9 @@ def test_abort_mid_stream_returns_partial_and_resumes_to_completion(loop, replic
     assert list(done.token_ids[: len(part.token_ids)]) == list(part.token_ids)
     assert list(done.token_ids) == list(full.token_ids)
     assert replica.in_flight == 0
+    # The token counter holds what this replica generated: 120, then the partial output, then
+    # only the rest of the resumed request (not the partial output it carried in again).
+    assert replica.generated_tokens - counted_before == 240
 
 
 def test_abort_all_and_resumed_request_with_no_budget_left(loop, replica):

@@ -124,6 +124,18 @@ class ScheduleContext(BaseModel):
         ge=0,
         description="Samples finished while hybrid replicas were routable during the latest sync cycle (count).",
     )
+    last_hybrid_tokens: int = Field(
+        0,
+        ge=0,
+        description="Response tokens the hybrid replicas generated during the latest sync cycle, counted when "
+        "each request finishes or is aborted (tokens; 0 = none, or the engines do not count tokens).",
+    )
+    last_standalone_tokens: int = Field(
+        0,
+        ge=0,
+        description="Response tokens the standalone replicas generated during the latest sync cycle, counted "
+        "the same way (tokens; 0 = none, or the engines do not count tokens).",
+    )
     last_sync_s: float = Field(
         0.0,
         ge=0.0,

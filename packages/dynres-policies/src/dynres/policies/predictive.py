@@ -41,6 +41,10 @@ class Estimates:
     replicas finish samples themselves rather than holding them)."""
     wait_bias: float = 0.0
     """Correction added to the forecast wait target, learned from waits after deactivation (samples)."""
+    token_gain: float = -1.0
+    """Hybrid replicas' token rate while routable over the standalone replicas' token rate in the
+    same cycles (ratio, the model's rho measured directly; -1 = engines count no tokens or no hybrid
+    cycle yet)."""
     static_idle_share: float = -1.0
     """Realised trainer idle per second of training in cycles without hybrids (ratio; -1 = none seen)."""
     hybrid_idle_share: float = -1.0
@@ -103,9 +107,12 @@ class PredictivePolicy(Policy):
     which the trainer never waited and the queue reached its staleness cap only raises production
     estimates (it was held back by the budget, not by the replicas). ``rho`` starts at the
     replica-count ratio (a hybrid replica as fast as a standalone one) and is measured against
-    the idle of cycles without hybrids. With ``calibrate_static`` on, one cycle that starts with a
-    full queue runs without hybrids to measure it, but only while the forecast saving is within
-    ``calibrate_max_saving`` switch costs (a clear saving is not worth a cycle of waiting).
+    the idle of cycles without hybrids, and, where the engines count tokens, from the hybrid
+    replicas' token rate (``token_gain``; below ``min_hybrid_gain`` they count as adding
+    nothing). The first cycle's production estimate is replaced by the second's, not averaged.
+    With ``calibrate_static`` on, one cycle that starts with a full queue runs without hybrids to
+    measure it, but only while the forecast saving is within ``calibrate_max_saving`` switch costs
+    (a clear saving is not worth a cycle of waiting).
 
     After each hybrid cycle the realised idle (everything but training and the weight sync,
     switches included) is compared with the static reference: the idle per training second of
@@ -213,6 +220,14 @@ class PredictivePolicy(Policy):
             description="Activate for the run's final cycle (when total_steps is known) only if samples "
             "finished at least 1 + this times faster while hybrids were routable than after they left "
             "(ratio).",
+        )
+        min_hybrid_gain: float = Field(
+            0.15,
+            ge=0.0,
+            description="Count the hybrid replicas as adding nothing when their measured token rate is below "
+            "this fraction of the standalone replicas' (token_gain): the model's saving rho / (1 + rho) of the "
+            "idle leaves out what slow hybrids cost besides the switch (work they hold, resumed elsewhere), "
+            "so a few percent is no saving (ratio).",
         )
         rebalance: bool = Field(True, description="Move in-flight work onto freshly activated replicas.")
 
@@ -330,7 +345,23 @@ class PredictivePolicy(Policy):
         return r / (1.0 - r)
 
     def hybrid_gain(self, ctx: ScheduleContext, est: Estimates) -> float:
-        """rho: extra production with hybrids over the standalone replicas' alone (ratio).
+        """rho as the decisions use it: extra production with hybrids over the standalone
+        replicas' alone (ratio).
+
+        From the engines' token counts when they report them (``token_gain``, cut to 0 below
+        ``min_hybrid_gain``): a direct measurement of what the hybrid replicas generate, which
+        sample counts are not (with partial rollout, samples the hybrids worked on finish on
+        standalone replicas, and the other way round). The tokens bound what hybrids can add, not
+        what a cycle realises: once cycles without hybrids were measured as well, the lower of the
+        two. Without token counts, :meth:`production_gain`.
+        """
+        if est.token_gain >= 0:
+            tokens = est.token_gain if est.token_gain >= self.params.min_hybrid_gain else 0.0
+            return min(tokens, self.measured_gain(est))
+        return self.production_gain(ctx, est)
+
+    def production_gain(self, ctx: ScheduleContext, est: Estimates) -> float:
+        """rho from cycle-level measurements, what the standalone production is inferred with (ratio).
 
         Measured when both kinds of cycle have run: the model's saving ``(X - a - d) rho / (1 +
         rho)`` set equal to the realised one, ``X`` being the measured static idle. Before that,
@@ -404,7 +435,20 @@ class PredictivePolicy(Policy):
         idle_s = max(0.0, cycle_s - train_s - ctx.last_sync_s)
         # The run's first cycle starts from an empty pipeline and says little about later ones.
         settled = ctx.global_steps > 1
+        # The first cycle also trained on the samples that finished first, the short ones: per
+        # second of its (short) training the production looks low (standalone_share 0.22 after it
+        # against 0.4 later on seed-dynamic-64-64, wait targets 30-60 samples too high for the
+        # next three cycles). The second cycle's measurement replaces it instead of averaging.
+        settled_before = ctx.global_steps > 2
         if h > 0:
+            if ctx.last_standalone_tokens > 0:
+                # Tokens per second: the hybrids' over their routable time against the standalone
+                # replicas' over the whole cycle (their counts lag by the requests still running;
+                # over a whole cycle that is a small share).
+                gain = (ctx.last_hybrid_tokens / h) / (ctx.last_standalone_tokens / cycle_s)
+                if gain < _MAX_GAIN:  # a window of a few nanoseconds is no measurement
+                    prev = out.token_gain
+                    out = replace(out, token_gain=gain if prev < 0 else (1.0 - w) * prev + w * gain)
             rest_s = max(1e-9, cycle_s - h)
             collect = max(0.0, generated - ctx.last_hybrid_generated_samples) / rest_s * train_s / step_required
             window = ctx.last_hybrid_generated_samples / h * train_s / step_required
@@ -417,8 +461,8 @@ class PredictivePolicy(Policy):
             )
             if out.static_cycles == 0:
                 # No cycle without hybrids yet: infer the standalone production through rho.
-                share = generated / (cycle_s + self.hybrid_gain(ctx, out) * h) * train_s / step_required
-                out = _learn_share(out, share, throttled, w)
+                share = generated / (cycle_s + self.production_gain(ctx, out) * h) * train_s / step_required
+                out = _learn_share(out, share, throttled, w, replace_old=not settled_before)
             # The wait target missed by what the collections still had to wait for; a cycle
             # that never waited may have waited too long for its hybrids: lower it a little.
             missing = max(ctx.step_wait_samples, default=0)
@@ -441,7 +485,7 @@ class PredictivePolicy(Policy):
                 # The first direct measurement replaces what was inferred through the prior.
                 out = replace(out, standalone_share=share)
             else:
-                out = _learn_share(out, share, throttled, w)
+                out = _learn_share(out, share, throttled, w, replace_old=not settled_before)
             out = replace(out, static_cycles=out.static_cycles + 1)
             if settled:
                 share = idle_s / train_s
@@ -499,13 +543,18 @@ class PredictivePolicy(Policy):
 _MAX_SECONDS = 1e9
 """Durations beyond this (about 30 years) are not measurements (seconds)."""
 
+_MAX_GAIN = 1e6
+"""Hybrid over standalone token rates beyond this are not measurements (ratio)."""
+
 
 def _ema(old: float, new: float, weight: float) -> float:
     return new if old <= 0 else (1.0 - weight) * old + weight * new
 
 
-def _learn_share(est: Estimates, share: float, throttled: bool, weight: float) -> Estimates:
+def _learn_share(
+    est: Estimates, share: float, throttled: bool, weight: float, *, replace_old: bool = False
+) -> Estimates:
     # A throttled cycle's production is only a floor on what the replicas can do.
     if share <= 0 or (throttled and share <= est.standalone_share):
         return est
-    return replace(est, standalone_share=_ema(est.standalone_share, share, weight))
+    return replace(est, standalone_share=share if replace_old else _ema(est.standalone_share, share, weight))

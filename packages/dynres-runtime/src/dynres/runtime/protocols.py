@@ -192,6 +192,18 @@ class Replica(Protocol):
         ...
 
 
+def generated_tokens(replica: object) -> int | None:
+    """Response tokens ``replica`` generated so far, from its optional ``generated_tokens`` counter.
+
+    An engine that keeps the counter adds each request's new tokens (its output beyond the
+    partial output it arrived with) when the request finishes or is aborted, so a replica that
+    is deactivated (all its requests aborted) has counted all it produced. None when the engine
+    keeps no such counter (count).
+    """
+    value = getattr(replica, "generated_tokens", None)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 class BatchedReplica(Protocol):
     """Optional, on top of :class:`Replica`: requests as futures and an abort that answers once.
 

@@ -102,7 +102,7 @@ def _cycle_state(
     # 0 = unknown length; otherwise the run ends at or after this cycle.
     total_steps = draw(st.one_of(st.just(0), st.integers(max(1, global_steps), global_steps + 100)))
     hybrid_s = sync_s = 0.0
-    hybrid_generated = 0
+    hybrid_generated = hybrid_tokens = standalone_tokens = 0
     if global_steps == 0:
         # Nothing has been measured before the first cycle ends.
         wait_samples: tuple[int, ...] = ()
@@ -124,6 +124,9 @@ def _cycle_state(
             # Hybrid replicas generated for part of the cycle and finished some of its samples.
             hybrid_s = draw(st.floats(0.0, cycle_s, allow_nan=False))
             hybrid_generated = draw(st.integers(0, max(0, total_generated - total_generated_floor)))
+            hybrid_tokens = draw(st.one_of(st.just(0), st.integers(1, 10**10)))
+        if standalone > 0:
+            standalone_tokens = draw(st.one_of(st.just(0), st.integers(1, 10**10)))
     now = draw(st.floats(0.0, 10.0 * MAX_SECONDS, allow_nan=False)) + global_steps * cycle_s
 
     return ScheduleContext(
@@ -151,6 +154,8 @@ def _cycle_state(
         total_steps=total_steps,
         last_hybrid_active_s=hybrid_s,
         last_hybrid_generated_samples=hybrid_generated,
+        last_hybrid_tokens=hybrid_tokens,
+        last_standalone_tokens=standalone_tokens,
         last_sync_s=sync_s,
     )
 

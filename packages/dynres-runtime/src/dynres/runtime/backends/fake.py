@@ -320,6 +320,8 @@ class _Gen:
         fut.gen = None
         if outcome is None or fut.done():
             return
+        if isinstance(outcome, GenerationResult):
+            r.generated_tokens += len(outcome.token_ids) - len(self.request.partial_token_ids)
         if isinstance(outcome, BaseException):
             fut.set_exception(outcome)
         else:
@@ -432,6 +434,8 @@ class FakeReplica(_FaultsMixin):
         """Request ids finished (stop/length) by this replica, in order."""
         self.resumed_with: dict[str, int] = {}
         """request id -> partial tokens it carried when it arrived here (only if > 0)."""
+        self.generated_tokens = 0
+        """Response tokens generated here, added when a request finishes or is aborted (tokens)."""
         self._gens: dict[str, _Gen] = {}
         self._death_armed = False
         # Requests' wake-ups: a heap of (loop time, order, request) behind one loop timer per
@@ -619,6 +623,7 @@ class FakeReplica(_FaultsMixin):
             for g in gens:
                 self._record("generate", "end", f"{g.request.request_id} tokens={g.produced_at(at)} (batch abort)")
         self._record("abort", "end", f"{len(gens)} aborted")
+        self.generated_tokens += sum(g.produced_at(at) - len(g.request.partial_token_ids) for g in gens)
         return _AbortedBatch(self, gens, at)
 
     async def pause(self) -> None:

@@ -211,6 +211,8 @@ class VllmReplica:
         self.weight_version = 0
         self._on_cpu = bool(platform.is_cpu())
         self._running: dict[str, _Running] = {}
+        self.generated_tokens = 0
+        """Response tokens generated here, added when a request finishes or is aborted (tokens)."""
         self._sleeping = False
         self._paused = False
         self._closed = False
@@ -355,6 +357,7 @@ class VllmReplica:
             raise BackendError(f"vLLM replica {self.replica_id!r}: generate {rid!r} failed: {exc}") from exc
         finally:
             self._running.pop(rid, None)
+        self.generated_tokens += len(run.token_ids)
         # An abort wins over whatever vLLM reported; an unknown reason counts as a normal stop.
         reason: FinishReason = "abort" if run.abort_requested else _FINISH_REASONS.get(finish, "stop")
         return self._result(request, run, reason)

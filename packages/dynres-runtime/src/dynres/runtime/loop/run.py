@@ -250,6 +250,8 @@ class FullyAsyncRun:
             balancer=self.balancer,
             controller=self.controller,
             now=now,
+            standalone=spec.standalone,
+            hybrid=spec.hybrid,
         )
         """Step bookkeeping; builds each decision's ScheduleContext."""
         wiring = LoopWiring(

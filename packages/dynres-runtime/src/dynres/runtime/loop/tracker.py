@@ -20,13 +20,19 @@ Field definitions (beyond the verl ones documented on ScheduleContext):
 * ``last_hybrid_active_s`` / ``last_hybrid_generated_samples``: time from each hybrid activation
   to the start of the next deactivation, and the samples finished meanwhile, summed over the
   latest cycle (an activation after a cycle's weight sync counts towards the next cycle).
+* ``last_hybrid_tokens`` / ``last_standalone_tokens``: growth of the replicas' own
+  ``generated_tokens`` counters (:func:`~dynres.runtime.protocols.generated_tokens`) between
+  the ends of the previous and the latest cycle, summed per kind; 0 for a kind none of whose
+  replicas count. An engine adds a request's tokens when it finishes or is aborted, so a hybrid
+  window's tokens are all counted by the end of the cycle that deactivates it (the deactivation
+  aborts everything on the hybrids), while standalone counts lag by their requests still running.
 * ``last_sync_s``: the latest cycle's weight sync (export and loading into standalone replicas).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from dynres.core import ScheduleContext
@@ -35,6 +41,7 @@ from dynres.runtime.loop.balancer import LoadBalancer
 from dynres.runtime.loop.controller import Controller
 from dynres.runtime.loop.queue import MessageQueue
 from dynres.runtime.loop.rollouter import Rollouter
+from dynres.runtime.protocols import Replica, generated_tokens
 
 
 @dataclass
@@ -61,6 +68,10 @@ class CycleMeasurements:
     """Seconds hybrid replicas were routable during the cycle (filled by the tracker)."""
     hybrid_generated: int = 0
     """Samples finished while they were (count, filled by the tracker)."""
+    hybrid_tokens: int = 0
+    """Response tokens the hybrid replicas counted during the cycle (tokens, filled by the tracker)."""
+    standalone_tokens: int = 0
+    """Response tokens the standalone replicas counted during the cycle (tokens, filled by the tracker)."""
 
 
 class RunTracker:
@@ -79,8 +90,11 @@ class RunTracker:
         balancer: LoadBalancer,
         controller: Controller,
         now: Callable[[], float],
+        standalone: Sequence[Replica] = (),
+        hybrid: Sequence[Replica] = (),
     ) -> None:
-        """Track a run over the given live objects (counts in samples and replicas)."""
+        """Track a run over the given live objects (counts in samples and replicas); ``standalone``
+        and ``hybrid`` are the replicas whose token counters feed the ``last_*_tokens`` fields."""
         self.required_samples = required_samples
         """Samples per collection (count)."""
         self.trigger_parameter_sync_step = trigger_parameter_sync_step
@@ -100,6 +114,8 @@ class RunTracker:
         self._hybrid_since: tuple[float, int] | None = None
         self._hybrid_s = 0.0
         self._hybrid_generated = 0
+        self._replicas = (tuple(standalone), tuple(hybrid))
+        self._tokens_at_cycle_start = self._tokens()
         self.queue = queue
         self.rollouter = rollouter
         self.balancer = balancer
@@ -110,6 +126,13 @@ class RunTracker:
     def step_required_samples(self) -> int:
         """required_samples x trigger_parameter_sync_step (samples)."""
         return step_required_samples(self.required_samples, self.trigger_parameter_sync_step)
+
+    def _tokens(self) -> tuple[int, int]:
+        """Tokens the (standalone, hybrid) replicas have counted so far (tokens; 0 where none counts)."""
+        return (
+            sum(generated_tokens(r) or 0 for r in self._replicas[0]),
+            sum(generated_tokens(r) or 0 for r in self._replicas[1]),
+        )
 
     def hybrid_started(self) -> None:
         """Hybrid replicas just became routable: start counting their time and output."""
@@ -126,7 +149,15 @@ class RunTracker:
 
     def end_cycle(self, m: CycleMeasurements) -> None:
         """Record a finished cycle (with its hybrid time) and count it in global_steps."""
-        self.last = dataclasses.replace(m, hybrid_s=self._hybrid_s, hybrid_generated=self._hybrid_generated)
+        standalone, hybrid = tokens = self._tokens()
+        self.last = dataclasses.replace(
+            m,
+            hybrid_s=self._hybrid_s,
+            hybrid_generated=self._hybrid_generated,
+            standalone_tokens=max(0, standalone - self._tokens_at_cycle_start[0]),
+            hybrid_tokens=max(0, hybrid - self._tokens_at_cycle_start[1]),
+        )
+        self._tokens_at_cycle_start = tokens
         self._hybrid_s = 0.0
         self._hybrid_generated = 0
         self.global_steps += 1
@@ -161,5 +192,7 @@ class RunTracker:
             last_cycle_time_s=m.cycle_time_s,
             last_hybrid_active_s=m.hybrid_s,
             last_hybrid_generated_samples=m.hybrid_generated,
+            last_hybrid_tokens=m.hybrid_tokens,
+            last_standalone_tokens=m.standalone_tokens,
             last_sync_s=m.sync_s,
         )

@@ -415,6 +415,12 @@ class SimReplica:
         """Requests running now (count)."""
         return len(self._jobs)
 
+    @property
+    def generated_tokens(self) -> int:
+        """Response tokens produced, counted when a request finishes or is aborted (see
+        :func:`~dynres.runtime.protocols.generated_tokens`; tokens)."""
+        return self.decode_tokens
+
     def __repr__(self) -> str:
         """Id, kind and load."""
         return f"SimReplica({self.replica_id!r}, {self.kind.value}, in_flight={len(self._jobs)})"
