@@ -325,6 +325,10 @@ def test_deactivation_takes_the_batched_path_and_keeps_partial_output(ray_sessio
         # Each moved request went on from the tokens it had: resumed, never restarted.
         assert lb.counters.aborted == len(on_hybrid) == lb.counters.resumed
         assert lb.counters.restarted == 0 and lb.counters.duplicates == 0 and lb.counters.completed == 12
+        # The proxies count what each replica produced (the context's per-kind token fields):
+        # every token of the 12 x 80 exactly once, the hybrid's share counted from its reply.
+        assert h.generated_tokens > 0
+        assert h.generated_tokens + sum(r.generated_tokens for r in system.standalone) == 12 * 80
 
     try:
         asyncio.run(scenario())

@@ -105,6 +105,11 @@ class RayReplica(_ActorProxy):
         super().__init__(replica_id, handle, info)
         self.replica_id = replica_id
         self.kind = ReplicaKind(kind)
+        self.generated_tokens = 0
+        """Response tokens this replica produced (output beyond what requests arrived with; count)."""
+        # Partial output each resumed request arrived with, by request id, until its result
+        # comes back: only resumed requests have an entry, so a fresh request costs nothing here.
+        self._carried: dict[str, int] = {}
 
     def __repr__(self) -> str:
         """Short description with id, kind and node."""
@@ -122,14 +127,25 @@ class RayReplica(_ActorProxy):
         """
         loop = asyncio.get_running_loop()
         fut = _RemoteFuture(loop=loop)
+        fut.request_id = request.request_id
+        if request.partial_token_ids:
+            self._carried[request.request_id] = len(request.partial_token_ids)
         ref = self._handle.generate.remote(request)
         fut.ref = ref
         ref.future().add_done_callback(functools.partial(_from_ray_thread, loop, self._settle, fut))
         return fut
 
+    def _count(self, result: GenerationResult) -> None:
+        """Add the tokens ``result`` holds beyond the partial output its request arrived with."""
+        self.generated_tokens += len(result.token_ids) - self._carried.pop(result.request_id, 0)
+
     def _settle(self, fut: _RemoteFuture, reply: Any) -> None:
         """Complete ``fut`` with the remote generate call's reply (on the loop's thread)."""
         fut.ref = None  # the remote call has ended: nothing to cancel there any more
+        if reply.cancelled() or reply.exception() is not None or reply.result() is None:
+            self._carried.pop(fut.request_id, None)  # nothing produced here is known
+        else:
+            self._count(reply.result())
         if fut.done():
             return
         if reply.cancelled():
@@ -149,11 +165,16 @@ class RayReplica(_ActorProxy):
         A lost actor has nothing to hand back (returns []): its requests fail on their own.
         """
         try:
-            return await self._call("abort_batch", list(request_ids) if request_ids is not None else None)
+            results: list[GenerationResult] = await self._call(
+                "abort_batch", list(request_ids) if request_ids is not None else None
+            )
         except BackendError:
             if self.lost_reason is not None:
                 return []
             raise
+        for r in results:
+            self._count(r)
+        return results
 
     async def abort(self, request_ids: Sequence[str] | None = None) -> list[str]:
         """Abort in the actor; a lost actor has nothing left to abort (returns [])."""
@@ -210,6 +231,7 @@ class _RemoteFuture(asyncio.Future):
     """The driver's future of one remote generate call; cancelling it cancels the call."""
 
     ref: Any = None
+    request_id: str = ""
 
     def cancel(self, msg: Any = None) -> bool:
         ref, self.ref = self.ref, None
