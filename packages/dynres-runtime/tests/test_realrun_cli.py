@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 from click.testing import CliRunner
+from terminal import popen_like_a_terminal
 
 from dynres.core.errors import ConfigError
 from dynres.core.metrics import METRIC_KEYS
@@ -160,9 +161,7 @@ def test_ctrl_c_aborts_in_flight_work_and_stops_ray(tmp_path):
     ]
     env = dict(os.environ, RAY_AUTH_MODE="disabled")
     # A terminal's Ctrl-C signals the whole foreground process group: do the same.
-    proc = subprocess.Popen(
-        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
-    )
+    proc = popen_like_a_terminal(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline and proc.poll() is None:

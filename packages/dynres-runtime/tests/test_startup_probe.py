@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 from click.testing import CliRunner
+from terminal import popen_like_a_terminal
 
 from dynres.core import get_plugin_manager, load_config, load_policy
 from dynres.runtime.backends.fake import FakeCluster, FakeReplica, fake_prompts
@@ -239,7 +240,7 @@ def test_ctrl_c_during_the_probe_of_dynres_run_writes_the_report_and_says_interr
     out = tmp_path / "out"
     cmd = [str(Path(sys.executable).parent / "dynres"), "run", str(cfg), "--out", str(out), "--no-plot", "-q"]
     # A terminal's Ctrl-C signals the whole foreground process group: do the same.
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = popen_like_a_terminal(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         started = proc.stderr.readline()  # "dynres run: 3 cycles, ..." comes before any engine starts
         assert started.startswith("dynres run:"), started + proc.stderr.read()
