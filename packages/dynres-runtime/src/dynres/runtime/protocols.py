@@ -306,3 +306,16 @@ class TrainEngine(Protocol):
     async def shutdown(self) -> None:
         """Release the engine's resources."""
         ...
+
+
+def pass_outcome(out: asyncio.Future[Any], inner: asyncio.Future[Any]) -> None:
+    """Give ``out`` the outcome of the finished ``inner`` (result, error or cancellation) unless it
+    already has one: how a :class:`BatchedReplica` future reaches the future a caller waits on."""
+    if out.done():
+        return
+    if inner.cancelled():
+        out.cancel()
+    elif (exc := inner.exception()) is not None:
+        out.set_exception(exc)
+    else:
+        out.set_result(inner.result())

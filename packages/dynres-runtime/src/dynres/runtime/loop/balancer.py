@@ -56,7 +56,7 @@ from itertools import islice
 
 from dynres.core.errors import ReplicaUnavailableError, RuntimeStateError
 from dynres.runtime.loop.gcpolicy import defer_full_collections, resume_full_collections
-from dynres.runtime.protocols import GenerationRequest, GenerationResult, Replica, takes_batched_path
+from dynres.runtime.protocols import GenerationRequest, GenerationResult, Replica, pass_outcome, takes_batched_path
 
 logger = logging.getLogger("dynres.runtime.loop.balancer")
 
@@ -618,7 +618,7 @@ class LoadBalancer:
         waiter: asyncio.Future[GenerationResult] = asyncio.get_running_loop().create_future()
         fut = replica.submit(req)  # type: ignore[attr-defined]
         att.fut, att.waiter, att.serial = fut, waiter, self._abort_serial
-        fut.add_done_callback(functools.partial(_forward, waiter))
+        fut.add_done_callback(functools.partial(pass_outcome, waiter))
         return waiter
 
     def can_batch_abort(self, replica: Replica) -> bool:
@@ -833,18 +833,6 @@ class LoadBalancer:
 
 
 _batched = takes_batched_path
-
-
-def _forward(waiter: asyncio.Future[GenerationResult], fut: asyncio.Future[GenerationResult]) -> None:
-    """Pass a replica future's outcome to the future its request waits on (if still waiting)."""
-    if waiter.done():
-        return
-    if fut.cancelled():
-        waiter.cancel()
-    elif (exc := fut.exception()) is not None:
-        waiter.set_exception(exc)
-    else:
-        waiter.set_result(fut.result())
 
 
 def _parked(req: GenerationRequest, replica_id: str = "") -> GenerationResult:

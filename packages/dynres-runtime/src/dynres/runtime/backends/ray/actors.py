@@ -40,6 +40,7 @@ from dynres.runtime.protocols import (
     TrainEngine,
     TrainStepResult,
     WeightUpdate,
+    pass_outcome,
     takes_batched_path,
 )
 
@@ -140,7 +141,7 @@ class ReplicaActor(_Hosted):
             hosted.submit(request) if takes_batched_path(hosted) else asyncio.ensure_future(hosted.generate(request))
         )
         out: asyncio.Future[GenerationResult | None] = asyncio.get_running_loop().create_future()
-        cb = functools.partial(_pass_on, out)
+        cb = functools.partial(pass_outcome, out)
         inner.add_done_callback(cb)
         self._calls[rid] = (inner, out, cb)
         try:
@@ -170,7 +171,7 @@ class ReplicaActor(_Hosted):
                 if isinstance(res, GenerationResult) and res.finish_reason == "abort":
                     results.append(res)
                 else:  # it finished (or failed) before the abort reached it: its own call answers
-                    _pass_on(out, inner)
+                    pass_outcome(out, inner)
         for res in results:
             call = self._calls.get(res.request_id)
             if call is not None and not call[1].done():
@@ -210,18 +211,6 @@ class ReplicaActor(_Hosted):
         if self._obj is not None:
             await self._obj.shutdown()
         await self._monitor.stop()
-
-
-def _pass_on(out: asyncio.Future[Any], inner: asyncio.Future[Any]) -> None:
-    """Give a generate call the outcome of the hosted replica's future (unless it already has one)."""
-    if out.done():
-        return
-    if inner.cancelled():
-        out.cancel()
-    elif (exc := inner.exception()) is not None:
-        out.set_exception(exc)
-    else:
-        out.set_result(inner.result())
 
 
 class TrainEngineActor(_Hosted):

@@ -142,21 +142,18 @@ class RayReplica(_ActorProxy):
     def _settle(self, fut: _RemoteFuture, reply: Any) -> None:
         """Complete ``fut`` with the remote generate call's reply (on the loop's thread)."""
         fut.ref = None  # the remote call has ended: nothing to cancel there any more
-        if reply.cancelled() or reply.exception() is not None or reply.result() is None:
-            self._carried.pop(fut.request_id, None)  # nothing produced here is known
+        result = None if reply.cancelled() or reply.exception() is not None else reply.result()
+        if result is None:  # no reply of its own (cancelled, failed, or in an abort_batch reply)
+            self._carried.pop(fut.request_id, None)
         else:
-            self._count(reply.result())
+            self._count(result)
         if fut.done():
             return
         if reply.cancelled():
             fut.cancel()
-            return
-        exc = reply.exception()
-        if exc is not None:
+        elif (exc := reply.exception()) is not None:
             fut.set_exception(self._translate("generate", exc))
-            return
-        result = reply.result()
-        if result is not None:  # None: handed back in an abort_batch reply
+        elif result is not None:
             fut.set_result(result)
 
     async def abort_batch(self, request_ids: Sequence[str] | None = None) -> list[GenerationResult]:
