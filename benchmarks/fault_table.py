@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import math
 import random
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -22,10 +23,10 @@ from typing import Any
 from dynres.core import Policy, get_plugin_manager, load_config, load_policy
 from dynres.core.config import DynresConfig
 from dynres.core.errors import BackendError
-from dynres.runtime.backends.fake import FakeCluster, FakeReplica, fake_prompts
+from dynres.runtime.backends.fake import FakeCluster, fake_prompts
 from dynres.runtime.loop.ledger import SampleLedger, held_sample_ids
 from dynres.runtime.loop.run import FullyAsyncRun, RunSpec
-from dynres.runtime.protocols import GenerationRequest, GenerationResult
+from dynres.runtime.protocols import GenerationRequest
 from dynres.runtime.samples import PromptGroup
 from dynres.runtime.sim.loop import run_virtual
 
@@ -84,7 +85,8 @@ def account(
     run's report) count as kept."""
     if checkpoint is None:
         checkpoint = getattr(getattr(run, "_error_report", None), "checkpoint", None)
-    ledger = SampleLedger(rec.admitted, trained, held_sample_ids(run, checkpoint))
+    # A sample dropped as too stale is accounted for: the rollouter admitted a replacement.
+    ledger = SampleLedger(rec.admitted, trained, held_sample_ids(run, checkpoint), run.queue.dropped_ids)
     return len(ledger.lost), len(ledger.duplicated)
 
 
@@ -128,22 +130,9 @@ def _reported(report: Any, exc: BaseException | None, needle: Callable[[Any], bo
     return "yes" if needle(report) else "no"
 
 
-def wrap_generate(replica: FakeReplica, decide: Callable[[GenerationRequest], BaseException | None]) -> None:
-    """Make ``replica.generate`` raise what ``decide`` returns (None: run normally)."""
-    inner = replica.generate
-
-    async def generate(request: GenerationRequest) -> GenerationResult:
-        exc = decide(request)
-        if exc is not None:
-            raise exc
-        return await inner(request)
-
-    replica.generate = generate  # type: ignore[method-assign]
-
-
 def fault_generate_runtime_error(staleness: float) -> Outcome:
     cl = FakeCluster(2, 2, tokens_per_s=400, response_tokens=20, latency=0.002)
-    wrap_generate(cl.standalone[0], lambda r: RuntimeError("actor died (not a BackendError)"))
+    cl.standalone[0].generate_fault = lambda r: RuntimeError("actor died (not a BackendError)")
     rec = Recorder(fake_prompts(n=2))
     run = FullyAsyncRun(_spec(cl, rec, config(staleness=staleness)))
     how, report, exc = execute(run)
@@ -279,7 +268,7 @@ def fault_transient() -> Outcome:
         state["n"] += 1
         return BackendError("transient hiccup") if state["n"] == 2 else None
 
-    wrap_generate(cl.standalone[0], once)
+    cl.standalone[0].generate_fault = once
     rec = Recorder(fake_prompts(n=2))
     run = FullyAsyncRun(_spec(cl, rec, config(), num_cycles=8, probation_backoff_s=0.01))
     how, report, exc = execute(run)
@@ -315,16 +304,15 @@ def fault_livelock() -> Outcome:
 
 
 def fault_stress(seed: int, n: int = 64, cycles: int = 20) -> Outcome:
-    cl = FakeCluster(n, n, tokens_per_s=400, response_tokens=lambda r: 10 + hash(r.request_id) % 30, latency=0.002)
+    cl = FakeCluster(
+        n, n, tokens_per_s=400, response_tokens=lambda r: 10 + zlib.crc32(r.request_id.encode()) % 30, latency=0.002
+    )
     rng = random.Random(seed)
     for r in cl.replicas:
-        wrap_generate(
-            r,
-            lambda req: (
-                BackendError("1% hiccup")
-                if rng.random() < 0.01
-                else (RuntimeError("rare actor error") if rng.random() < 1 / 3000 else None)
-            ),
+        r.generate_fault = lambda req: (
+            BackendError("1% hiccup")
+            if rng.random() < 0.01
+            else (RuntimeError("rare actor error") if rng.random() < 1 / 3000 else None)
         )
     rec = Recorder(fake_prompts(n=2))
     cfg = load_config(

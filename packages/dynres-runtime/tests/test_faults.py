@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import math
 import random
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -94,19 +93,6 @@ def virtual(run: FullyAsyncRun, cap_s: float = 3600.0) -> RunReport:
     return run_virtual(main, idle_timeout_s=3.0, thread_grace_s=2.0)
 
 
-def fail_generate(replica: FakeReplica, decide: Callable[[GenerationRequest], BaseException | None]) -> None:
-    """Make ``replica.generate`` raise whatever ``decide(request)`` returns (None: run normally)."""
-    inner = replica.generate
-
-    async def generate(request: GenerationRequest) -> Any:
-        exc = decide(request)
-        if exc is not None:
-            raise exc
-        return await inner(request)
-
-    replica.generate = generate  # type: ignore[method-assign]
-
-
 class ActorDiedError(Exception):
     """Stands for a Ray actor error passed through a proxy unchanged (not a dynres error)."""
 
@@ -147,7 +133,7 @@ def test_one_transient_failure_does_not_take_a_replica_out_for_good() -> None:
         n["calls"] += 1
         return BackendError("transient hiccup") if n["calls"] == 2 else None
 
-    fail_generate(cl.standalone[0], once)
+    cl.standalone[0].generate_fault = once
     run, src, dropped = make_run(cl, num_cycles=8, probation_backoff_s=0.01)
     report = virtual(run)
     ledger_of(run, src, cl.engine, dropped).assert_exactly_once()

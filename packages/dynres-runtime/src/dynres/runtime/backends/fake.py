@@ -408,6 +408,9 @@ class FakeReplica(_FaultsMixin):
         """op -> exception raised at the start of that op (mutable during a test)."""
         self.hang_on = hang
         """Ops that never return (mutable during a test)."""
+        self.generate_fault: Callable[[GenerationRequest], BaseException | None] | None = None
+        """Per-request failure: called with each generate request; an exception it returns is raised
+        instead of generating (None: no fault; set during a test or benchmark)."""
         self.die_after_s = die_after_s
         """Seconds after the first generate at which the replica dies (None = never)."""
         self.manual = manual
@@ -539,6 +542,11 @@ class FakeReplica(_FaultsMixin):
         err = self.fail_on.get("generate")
         if err is not None:
             exc = err(f"injected failure of generate on {self.target}") if isinstance(err, type) else err
+            self._record("generate", "error", repr(exc))
+            fut.set_exception(exc)
+            return fut
+        exc = self.generate_fault(request) if self.generate_fault is not None else None
+        if exc is not None:
             self._record("generate", "error", repr(exc))
             fut.set_exception(exc)
             return fut
