@@ -1,7 +1,7 @@
 """Every built-in policy on every simulator preset: end-to-end time, ratio to the bound, regret.
 
     .venv/bin/python benchmarks/policy_bench.py [--seeds N] [--jobs J] [--scenario NAME ...]
-        [--policies default,static_fully_async,fixed_ratio,predictive] [--json FILE]
+        [--policies default,static_fully_async,fixed_ratio,predictive] [--json FILE] [--headroom]
 
 Each preset runs with dynamic scheduling switched on (``use_dynamic_resource_scheduling:
 true``), so that a static preset is the same cluster with hybrid replicas available; presets
@@ -19,6 +19,12 @@ Then the geometric means over scenarios of each policy's time relative to ``defa
 ``static_fully_async``, and whether ``predictive`` met its targets: at most 1.01 x min(default,
 static_fully_async) on every scenario, geomean predictive / default <= 0.97, one PASS/FAIL line
 each. Nothing here is a test; the numbers are for reading.
+
+A policy in ``--policies`` may carry params, ``NAME[KEY=VALUE;KEY=VALUE]`` (values read as YAML
+scalars), which run as ``async_training.dynamic_schedule_policy_params``; each such entry is its
+own column. ``--headroom`` adds, per scenario, the best mean of every configuration run, chosen in
+hindsight, and that choice's geomean against ``default``: what a policy able to pick the best of
+those configurations for each scenario in advance would reach (no single policy does).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import statistics
 import sys
 from concurrent.futures import ProcessPoolExecutor
@@ -57,15 +64,34 @@ def scenarios(names: list[str] | None) -> list[str]:
     return out
 
 
+def parse_policy(spec: str) -> tuple[str, dict[str, Any]]:
+    """``NAME`` or ``NAME[KEY=VALUE;...]`` -> (policy name, params with YAML-scalar values)."""
+    import yaml
+
+    m = re.fullmatch(r"\s*([^\[\]\s]+)\s*(?:\[(.*)\])?\s*", spec)
+    if not m:
+        raise SystemExit(f"policy_bench: policy {spec!r} is not NAME or NAME[KEY=VALUE;...]")
+    params: dict[str, Any] = {}
+    for item in filter(None, (part.strip() for part in (m.group(2) or "").split(";"))):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise SystemExit(f"policy_bench: param {item!r} of {spec!r} is not KEY=VALUE")
+        params[key.strip()] = yaml.safe_load(value)
+    return m.group(1), params
+
+
 def run_one(job: tuple[str, str, int]) -> dict[str, Any]:
-    """Simulate one (scenario, policy, seed); return its headline numbers."""
+    """Simulate one (scenario, policy spec, seed); return its headline numbers."""
     from dynres.runtime.sim import simulate
 
-    scenario, policy, seed = job
-    r = simulate(scenario, policy=policy, seed=seed, overrides=DYNAMIC_ON)
+    scenario, spec, seed = job
+    policy, params = parse_policy(spec)
+    overrides = dict(DYNAMIC_ON)
+    overrides.update({f"async_training.dynamic_schedule_policy_params.{k}": v for k, v in params.items()})
+    r = simulate(scenario, policy=policy, seed=seed, overrides=overrides)
     return {
         "scenario": scenario,
-        "policy": policy,
+        "policy": spec,
         "seed": seed,
         "end_to_end_s": r.end_to_end_s,
         "lower_bound_s": r.lower_bound_s,
@@ -107,6 +133,28 @@ def summarise(rows: list[dict[str, Any]], policies: list[str]) -> dict[str, Any]
             for pol in policies
         }
     return {"table": table, "geomean_vs": geo}
+
+
+def headroom(summary: dict[str, Any], policies: list[str]) -> dict[str, Any]:
+    """Per scenario the configuration with the best mean, chosen in hindsight; its geomean vs default."""
+    table = summary["table"]
+    best = {sc: min(policies, key=lambda pol: row[pol]["mean_s"]) for sc, row in table.items()}
+    geo = math.nan
+    if "default" in policies:
+        ratios = [table[sc][pol]["mean_s"] / table[sc]["default"]["mean_s"] for sc, pol in best.items()]
+        geo = math.exp(statistics.fmean(math.log(r) for r in ratios))
+    return {"best": best, "geomean_vs_default": geo, "configurations": len(policies)}
+
+
+def print_headroom(summary: dict[str, Any], room: dict[str, Any]) -> None:
+    """One line per scenario: the hindsight-best configuration and its mean against default's."""
+    table = summary["table"]
+    print(f"hindsight best of {room['configurations']} configurations per scenario:")
+    for sc, pol in room["best"].items():
+        row = table[sc]
+        vs = f"{row[pol]['mean_s'] / row['default']['mean_s']:.4f} x default" if "default" in row else ""
+        print(f"  {sc:<24} {row[pol]['mean_s'] / 3600:7.3f}h {vs}  {pol}")
+    print(f"geomean of the hindsight best vs default: {room['geomean_vs_default']:.4f}")
 
 
 def print_report(summary: dict[str, Any], policies: list[str], seeds: int) -> None:
@@ -154,12 +202,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, default=3, help="seeds per (scenario, policy), 0 .. N-1 (default 3)")
     ap.add_argument("--jobs", type=int, default=1, help="simulations run in parallel processes (default 1)")
     ap.add_argument("--scenario", action="append", help="preset or scenario file (default: every preset)")
-    ap.add_argument("--policies", default=",".join(POLICIES), help="comma-separated policy names")
+    ap.add_argument(
+        "--policies",
+        default=",".join(POLICIES),
+        help="comma-separated policies, each NAME or NAME[KEY=VALUE;...] (params of that policy)",
+    )
+    ap.add_argument(
+        "--headroom", action="store_true", help="also print the best configuration per scenario, chosen in hindsight"
+    )
     ap.add_argument("--json", help="also write the per-run rows and the summary to this file")
     args = ap.parse_args(argv)
     if args.seeds < 1 or args.jobs < 1:
         ap.error("--seeds and --jobs must be >= 1")
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    for pol in policies:
+        parse_policy(pol)  # a malformed entry stops here, before any simulation
     names = scenarios(args.scenario)
     jobs = [(sc, pol, seed) for sc in names for pol in policies for seed in range(args.seeds)]
     if args.jobs == 1:
@@ -172,6 +229,9 @@ def main(argv: list[str] | None = None) -> int:
             rows = list(pool.map(run_one, jobs))
     summary = summarise(rows, policies)
     print_report(summary, policies, args.seeds)
+    if args.headroom:
+        summary["headroom"] = headroom(summary, policies)
+        print_headroom(summary, summary["headroom"])
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump({"rows": rows, **summary}, fh, indent=2)

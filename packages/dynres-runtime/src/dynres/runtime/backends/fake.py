@@ -545,10 +545,10 @@ class FakeReplica(_FaultsMixin):
             self._record("generate", "error", repr(exc))
             fut.set_exception(exc)
             return fut
-        exc = self.generate_fault(request) if self.generate_fault is not None else None
-        if exc is not None:
-            self._record("generate", "error", repr(exc))
-            fut.set_exception(exc)
+        fault = self.generate_fault(request) if self.generate_fault is not None else None
+        if fault is not None:
+            self._record("generate", "error", repr(fault))
+            fut.set_exception(fault)
             return fut
         self._arm_death()
         if self.sleeping:
