@@ -2,28 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from statistics import median
 
 import pytest
-
-BENCH = Path(__file__).resolve().parents[3] / "benchmarks" / "fidelity_bench.py"
+from bench_module import load_bench
 
 
 @pytest.fixture(scope="module")
 def bench():
-    if not BENCH.is_file():
-        pytest.skip("benchmarks/ is not in this checkout (an installed package's tests)")
-    spec = importlib.util.spec_from_file_location("fidelity_bench_under_test", BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    saved = list(sys.path)
-    try:
-        spec.loader.exec_module(mod)
-    finally:
-        sys.path[:] = saved  # the script puts benchmarks/ on sys.path for its own imports
-    return mod
+    return load_bench("fidelity_bench.py")
 
 
 def row(policy: str, predicted: float, switches: int, runs: list[float]) -> dict:
