@@ -66,17 +66,19 @@ def scenarios(names: list[str] | None) -> list[str]:
 
 def parse_policy(spec: str) -> tuple[str, dict[str, Any]]:
     """``NAME`` or ``NAME[KEY=VALUE;...]`` -> (policy name, params with YAML-scalar values)."""
-    import yaml
+    from dynres.core.config import parse_set_item
+    from dynres.core.errors import ConfigError
 
     m = re.fullmatch(r"\s*([^\[\]\s]+)\s*(?:\[(.*)\])?\s*", spec)
     if not m:
         raise SystemExit(f"policy_bench: policy {spec!r} is not NAME or NAME[KEY=VALUE;...]")
     params: dict[str, Any] = {}
     for item in filter(None, (part.strip() for part in (m.group(2) or "").split(";"))):
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise SystemExit(f"policy_bench: param {item!r} of {spec!r} is not KEY=VALUE")
-        params[key.strip()] = yaml.safe_load(value)
+        try:
+            key, value = parse_set_item(item)  # the same KEY=VALUE reading as --set
+        except ConfigError as exc:
+            raise SystemExit(f"policy_bench: param {item!r} of {spec!r} is not KEY=VALUE ({exc})") from None
+        params[key] = value
     return m.group(1), params
 
 
