@@ -25,6 +25,8 @@ class Estimates:
     """Seconds of train_step calls per sync cycle (seconds)."""
     sync_s: float = 0.0
     """Seconds of one weight sync (seconds)."""
+    sync_min_s: float = 0.0
+    """Shortest weight sync of any cycle: a sync that drained no running samples (seconds; 0 = none yet)."""
     activate_s: float = 0.0
     """Seconds of one activation (seconds)."""
     deactivate_s: float = 0.0
@@ -101,7 +103,8 @@ class PredictivePolicy(Policy):
     would deactivate at once). ``X`` is at least the idle measured in cycles without hybrids (the
     constant-rate model misses the pipeline's restart after a sync). The wait target is what the
     queue must hold at deactivation so that the standalone production alone feeds every fit step,
-    plus a correction learned from the waits that still happened.
+    plus a correction learned from the waits that still happened (a weight sync that had to drain
+    running samples, without partial rollout, counts as one).
 
     Every cycle updates the estimates (exponential averages with weight ``ema_weight``); a cycle in
     which the trainer never waited and the queue reached its staleness cap only raises production
@@ -170,7 +173,9 @@ class PredictivePolicy(Policy):
             0.5,
             ge=0.0,
             le=1.0,
-            description="Wait target before anything is measured (fraction of a cycle's samples).",
+            description="Wait target before anything is measured, for a cluster with as many hybrid as "
+            "standalone replicas; with rho > 1 times as many the shortfall 1 - this shrinks to (1 - this) / rho "
+            "(fraction of a cycle's samples).",
         )
         ema_weight: float = Field(
             0.3, gt=0.0, le=1.0, description="Weight of the newest cycle in every running estimate (fraction)."
@@ -372,6 +377,19 @@ class PredictivePolicy(Policy):
             return measured
         return ctx.num_hybrid_replicas / max(1, ctx.num_standalone_replicas)
 
+    def initial_wait_ratio(self, ctx: ScheduleContext) -> float:
+        """Wait target before anything is measured (fraction of a cycle's samples).
+
+        ``initial_wait_ratio`` assumes as many hybrid as standalone replicas. With ``rho`` times as
+        many (``rho > 1``) the standalone replicas feed the trainer about ``1 / rho`` as fast while it
+        trains, so the share they leave to the window, ``1 - initial_wait_ratio``, shrinks by ``rho``
+        (measured on rollout-starved-24-8: 0.5 made the first cycle's fit steps wait 403 s; 0.83
+        about 50 s). Never below ``initial_wait_ratio``.
+        """
+        ratio = self.params.initial_wait_ratio
+        rho = ctx.num_hybrid_replicas / max(1, ctx.num_standalone_replicas)
+        return max(ratio, 1.0 - (1.0 - ratio) / rho) if rho > 1.0 else ratio
+
     def forecast(self, ctx: ScheduleContext, est: Estimates) -> Forecast:
         """Forecast the next cycle from the queue in ``ctx`` and the estimates ``est``."""
         step_required = ctx.step_required_samples
@@ -380,7 +398,7 @@ class PredictivePolicy(Policy):
         q = ctx.queue_size
         switch = self.switch_cost(est)
         if est.train_s <= 0 or est.standalone_share <= 0:
-            ratio = 1.0 if ctx.only_hybrid else self.params.initial_wait_ratio
+            ratio = 1.0 if ctx.only_hybrid else self.initial_wait_ratio(ctx)
             wait = min(limit, math.ceil(step_required * ratio))
             return Forecast(static_idle_s=0.0, hybrid_idle_s=switch, switch_s=switch, wait_samples=wait)
         t = est.train_s / n
@@ -429,6 +447,7 @@ class PredictivePolicy(Policy):
             est,
             train_s=_ema(est.train_s, train_s, w),
             sync_s=_ema(est.sync_s, ctx.last_sync_s, w) if ctx.last_sync_s > 0 else est.sync_s,
+            sync_min_s=min(est.sync_min_s or math.inf, ctx.last_sync_s) if ctx.last_sync_s > 0 else est.sync_min_s,
             activate_s=ctx.last_activate_duration_s or est.activate_s,
             deactivate_s=ctx.last_deactivate_duration_s or est.deactivate_s,
         )
@@ -465,7 +484,7 @@ class PredictivePolicy(Policy):
                 out = _learn_share(out, share, throttled, w, replace_old=not settled_before)
             # The wait target missed by what the collections still had to wait for; a cycle
             # that never waited may have waited too long for its hybrids: lower it a little.
-            missing = max(ctx.step_wait_samples, default=0)
+            missing = max(ctx.step_wait_samples, default=0) + self.drain_samples(ctx, out)
             if missing:
                 bias = out.wait_bias + self.params.wait_increase * missing
             else:
@@ -492,6 +511,21 @@ class PredictivePolicy(Policy):
                 prev = out.static_idle_share
                 out = replace(out, static_idle_share=share if prev < 0 else _ema(prev, share, w))
         return out
+
+    def drain_samples(self, ctx: ScheduleContext, est: Estimates) -> int:
+        """Samples the standalone replicas would have delivered while the latest weight sync took
+        longer than the shortest one (count; 0 when it did not).
+
+        Without partial rollout a sync first waits for the running samples to finish, and the
+        trainer idles meanwhile. A longer window leaves fewer of them running at the sync (the
+        staleness budget closes admission earlier), so that drain is a wait the target missed by,
+        like a fit step's; counting it moved seed-no-partial-16-16 from 1.001 to 0.971 x default.
+        """
+        if est.sync_min_s <= 0 or est.standalone_share <= 0 or est.train_s <= 0:
+            return 0
+        drain_s = max(0.0, ctx.last_sync_s - est.sync_min_s)
+        # Whole samples only: a sync a rounding error longer is no miss (it would raise the target).
+        return int(drain_s * est.standalone_share * ctx.step_required_samples / est.train_s)
 
     def _judge(self, ctx: ScheduleContext, est: Estimates) -> Estimates:
         """Count a hybrid cycle after which the running hybrid idle is no better than the measured
