@@ -22,7 +22,8 @@ each. Nothing here is a test; the numbers are for reading.
 
 A policy in ``--policies`` may carry params, ``NAME[KEY=VALUE;KEY=VALUE]`` (values read as YAML
 scalars), which run as ``async_training.dynamic_schedule_policy_params``; each such entry is its
-own column. ``--headroom`` adds, per scenario, the best mean of every configuration run, chosen in
+own column; every entry is built once before any run, so a bad name or param stops the script at
+once. ``--headroom`` adds, per scenario, the best mean of every configuration run, chosen in
 hindsight, and that choice's geomean against ``default``: what a policy able to pick the best of
 those configurations for each scenario in advance would reach (no single policy does).
 """
@@ -80,6 +81,18 @@ def parse_policy(spec: str) -> tuple[str, dict[str, Any]]:
             raise SystemExit(f"policy_bench: param {item!r} of {spec!r} is not KEY=VALUE ({exc})") from None
         params[key] = value
     return m.group(1), params
+
+
+def check_policy(spec: str) -> None:
+    """Build the policy of ``spec`` once, so that an unknown name or param is refused up front."""
+    from dynres.core.errors import DynresError
+    from dynres.core.loading import load_policy
+
+    name, params = parse_policy(spec)
+    try:
+        load_policy(name, params)
+    except DynresError as exc:
+        raise SystemExit(f"policy_bench: policy {spec!r}: {exc}") from None
 
 
 def run_one(job: tuple[str, str, int]) -> dict[str, Any]:
@@ -218,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--seeds and --jobs must be >= 1")
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     for pol in policies:
-        parse_policy(pol)  # a malformed entry stops here, before any simulation
+        check_policy(pol)  # a malformed entry, unknown policy or bad param stops here, before any run
     names = scenarios(args.scenario)
     jobs = [(sc, pol, seed) for sc in names for pol in policies for seed in range(args.seeds)]
     if args.jobs == 1:

@@ -26,6 +26,10 @@ def test_a_policy_entry_carries_typed_params(bench) -> None:
         ("predictive[wait_margin]", "'wait_margin' of"),
         ("predictive[=0.1]", "is not KEY=VALUE"),
         ("predictive[wait_margin=0.1", "is not NAME or NAME[KEY=VALUE;...]"),
+        # Well-formed but wrong for the policy: refused up front too, not by the first simulation.
+        ("predictive[wait_margni=0.1]", "did you mean 'wait_margin'"),
+        ("predictive[wait_margin=5]", "wait_margin"),
+        ("nosuch", "unknown policy 'nosuch'"),
     ],
 )
 def test_a_malformed_entry_is_refused_by_name_before_any_run(bench, spec, says, capsys) -> None:
