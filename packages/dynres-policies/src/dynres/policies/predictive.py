@@ -514,17 +514,20 @@ class PredictivePolicy(Policy):
 
     def drain_samples(self, ctx: ScheduleContext, est: Estimates) -> int:
         """Samples the standalone replicas would have delivered while the latest weight sync took
-        longer than the shortest one (count; 0 when it did not).
+        longer than the shortest one (count; 0 when it took at most ``DRAIN_MIN_RATIO`` times it).
 
         Without partial rollout a sync first waits for the running samples to finish, and the
         trainer idles meanwhile. A longer window leaves fewer of them running at the sync (the
         staleness budget closes admission earlier), so that drain is a wait the target missed by,
-        like a fit step's; counting it moved seed-no-partial-16-16 from 1.001 to 0.971 x default.
+        like a fit step's; counting it moved seed-no-partial-16-16 from 1.001 to 0.973 x default.
         """
         if est.sync_min_s <= 0 or est.standalone_share <= 0 or est.train_s <= 0:
             return 0
-        drain_s = max(0.0, ctx.last_sync_s - est.sync_min_s)
-        # Whole samples only: a sync a rounding error longer is no miss (it would raise the target).
+        if ctx.last_sync_s <= DRAIN_MIN_RATIO * est.sync_min_s:
+            # Export and load times vary from sync to sync: that jitter is no drain, and counting
+            # it would raise the target a little every cycle.
+            return 0
+        drain_s = ctx.last_sync_s - est.sync_min_s
         return int(drain_s * est.standalone_share * ctx.step_required_samples / est.train_s)
 
     def _judge(self, ctx: ScheduleContext, est: Estimates) -> Estimates:
@@ -573,6 +576,9 @@ class PredictivePolicy(Policy):
             values[name] = int(raw) if f.type == "int" else float(raw)
         self.est = Estimates(**values)
 
+
+DRAIN_MIN_RATIO = 2.0
+"""A weight sync counts as draining running samples only above this many times the shortest (ratio)."""
 
 _MAX_SECONDS = 1e9
 """Durations beyond this (about 30 years) are not measurements (seconds)."""
