@@ -380,11 +380,12 @@ class PredictivePolicy(Policy):
     def initial_wait_ratio(self, ctx: ScheduleContext) -> float:
         """Wait target before anything is measured (fraction of a cycle's samples).
 
-        ``initial_wait_ratio`` assumes as many hybrid as standalone replicas. With ``rho`` times as
-        many (``rho > 1``) the standalone replicas feed the trainer about ``1 / rho`` as fast while it
-        trains, so the share they leave to the window, ``1 - initial_wait_ratio``, shrinks by ``rho``
-        (measured on rollout-starved-24-8: 0.5 made the first cycle's fit steps wait 403 s; 0.83
-        about 50 s). Never below ``initial_wait_ratio``.
+        ``initial_wait_ratio`` is meant for as many hybrid (trainer) as standalone replicas. With
+        ``rho > 1`` times as many, the standalone replicas are ``rho`` times fewer next to the same
+        trainer, so they deliver about ``1 / rho`` as much while it trains: the share of the cycle
+        left to them, ``1 - initial_wait_ratio``, shrinks to ``(1 - initial_wait_ratio) / rho``
+        (rollout-starved-24-8, seed 0: 0.5 made the first cycle's fit steps wait 403 s, 0.83 made
+        them wait 66 s). Never below ``initial_wait_ratio``.
         """
         ratio = self.params.initial_wait_ratio
         rho = ctx.num_hybrid_replicas / max(1, ctx.num_standalone_replicas)
