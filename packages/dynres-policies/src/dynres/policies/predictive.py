@@ -34,13 +34,6 @@ class Estimates:
     standalone_share: float = 0.0
     """Samples the standalone replicas produce per second of training, over a cycle's samples
     (1 = exactly keeps up with the trainer; fraction)."""
-    collect_share: float = 0.0
-    """The same for what arrives in the queue after a deactivation (standalone production plus
-    the hybrid replicas' unfinished work they resume; fraction; compared with window_share)."""
-    window_share: float = 0.0
-    """Samples finished per second while hybrid replicas were routable, per second of training,
-    over a cycle's samples (fraction; compare with collect_share: > 1 x it means the hybrid
-    replicas finish samples themselves rather than holding them)."""
     wait_bias: float = 0.0
     """Correction added to the forecast wait target, learned from waits after deactivation (samples)."""
     token_gain: float = -1.0
@@ -123,10 +116,11 @@ class PredictivePolicy(Policy):
     policy stops activating for ``probe_interval_min`` cycles, and doubles the pause (up to
     ``probe_interval_max``) each time the next probe fails too. An only-hybrid cluster always
     activates (nothing else generates). When the run's length is known: nothing is activated
-    after its final sync; before the final cycle only if samples finished ``1 +
-    last_cycle_min_gain`` times faster while hybrids were routable than after they left (slow
-    hybrids would hold the run's last samples). Before the first cycle (nothing measured) only if
-    the replica-count prior ``rho`` is at least ``activate_at_start_min_gain``. After a first
+    after its final sync; before the final cycle only if the wait target exceeds the queue plus
+    ``in_flight_credit`` of the samples in flight (those are partly generated and arrive early,
+    and a window for samples that come anyway is a switch for nothing). Before the first cycle
+    (nothing measured) only if the replica-count prior ``rho`` is at least
+    ``activate_at_start_min_gain``. After a first
     cycle that ran with hybrids and ended with a collection queued, ``X`` is that cycle's measured
     fit-step waits, not the forecast: the first cycle trains on the samples that finished first
     (the short ones), so its training time understates later cycles' and the forecast overstates
@@ -219,12 +213,13 @@ class PredictivePolicy(Policy):
         calibrate_min_steps: int = Field(
             8, ge=1, description="Known remaining cycles needed before a calibration cycle is worth it (cycles)."
         )
-        last_cycle_min_gain: float = Field(
-            0.25,
+        in_flight_credit: float = Field(
+            0.5,
             ge=0.0,
-            description="Activate for the run's final cycle (when total_steps is known) only if samples "
-            "finished at least 1 + this times faster while hybrids were routable than after they left "
-            "(ratio).",
+            le=1.0,
+            description="Before the run's final cycle (total_steps known), count this share of the samples in "
+            "flight as already queued when asking whether a window is needed: a sample in flight is on "
+            "average half generated (fraction).",
         )
         min_hybrid_gain: float = Field(
             0.15,
@@ -279,10 +274,12 @@ class PredictivePolicy(Policy):
         remaining = ctx.total_steps - ctx.global_steps if ctx.total_steps else -1
         if remaining == 0:
             return False  # the final sync leaves nothing to generate for
-        if remaining == 1 and not self.finishes_on_hybrids(est):
-            # Before the final cycle the run's last samples are all admitted: hybrids only take
-            # over work in flight, and slow ones would hold the run's last samples while the
-            # deactivation waits for them.
+        if remaining == 1 and self.forecast(ctx, est).wait_samples <= (
+            ctx.queue_size + self.params.in_flight_credit * ctx.in_flight_samples
+        ):
+            # The final cycle: no later cycle gains from what a window leaves queued, so a window
+            # is worth it only if the fit steps need more than what is queued or nearly done
+            # (verl-7b-async-32-32: a 70 s window for samples that came in time anyway).
             return False
         if ctx.global_steps == 0 or est.train_s <= 0:
             # Nothing measured: the trainer waits for its first batch anyway, and the hybrids
@@ -331,13 +328,6 @@ class PredictivePolicy(Policy):
         if est.activate_s <= 0 and est.deactivate_s <= 0:
             return self.params.switch_cost_fallback_s
         return est.activate_s + est.deactivate_s
-
-    def finishes_on_hybrids(self, est: Estimates) -> bool:
-        """True when samples finished at least ``1 + last_cycle_min_gain`` times faster while hybrid
-        replicas were routable than after they left (measured over hybrid cycles)."""
-        if est.window_share <= 0 or est.collect_share <= 0:
-            return False
-        return est.window_share >= (1.0 + self.params.last_cycle_min_gain) * est.collect_share
 
     def measured_gain(self, est: Estimates) -> float:
         """rho measured from cycles with and without hybrids, or infinity before both ran (ratio)."""
@@ -469,16 +459,7 @@ class PredictivePolicy(Policy):
                 if gain < _MAX_GAIN:  # a window of a few nanoseconds is no measurement
                     prev = out.token_gain
                     out = replace(out, token_gain=gain if prev < 0 else (1.0 - w) * prev + w * gain)
-            rest_s = max(1e-9, cycle_s - h)
-            collect = max(0.0, generated - ctx.last_hybrid_generated_samples) / rest_s * train_s / step_required
-            window = ctx.last_hybrid_generated_samples / h * train_s / step_required
-            out = replace(
-                out,
-                hybrid_cycles=out.hybrid_cycles + 1,
-                last_hybrid_step=ctx.global_steps,
-                collect_share=_ema(out.collect_share, collect, w) if collect > 0 else out.collect_share,
-                window_share=_ema(out.window_share, window, w) if window > 0 else out.window_share,
-            )
+            out = replace(out, hybrid_cycles=out.hybrid_cycles + 1, last_hybrid_step=ctx.global_steps)
             if out.static_cycles == 0:
                 # No cycle without hybrids yet: infer the standalone production through rho.
                 share = generated / (cycle_s + self.production_gain(ctx, out) * h) * train_s / step_required
