@@ -229,6 +229,22 @@ def test_bad_state_is_rejected_and_leaves_the_policy_alone(change: dict[str, Any
         p.load_state_dict({"ratio": 0.5})
 
 
+def test_a_state_saved_before_the_upgrade_still_loads() -> None:
+    # A checkpoint written by the previous release: it kept collect_share and window_share and had
+    # no sync_min_s. Resuming must not fail; what it measured is kept, the new entry starts unmeasured.
+    p = PredictivePolicy({"calibrate_static": False})
+    run(p, [make_ctx(global_steps=0), *(production_bound(k, hybrid=True) for k in range(1, 4))])
+    old = {k: v for k, v in p.state_dict().items() if k != "sync_min_s"}
+    old.update(collect_share=0.4, window_share=0.3)
+    resumed = PredictivePolicy({"calibrate_static": False})
+    resumed.load_state_dict(old)
+    assert resumed.est == replace(p.est, sync_min_s=0.0)
+    assert resumed.est.train_s > 0 and resumed.est.hybrid_cycles == 3
+    # Anything else unknown is still refused.
+    with pytest.raises(PolicyValidationError, match="do not match"):
+        resumed.load_state_dict({**old, "ratio": 0.5})
+
+
 # ---- Whole simulated runs --------------------------------------------------------------------
 
 

@@ -535,8 +535,15 @@ class PredictivePolicy(Policy):
         return asdict(self.est)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore what :meth:`state_dict` returned; reject missing, unknown or non-finite values."""
+        """Restore what :meth:`state_dict` returned; reject missing, unknown or non-finite values.
+
+        A state saved by an earlier dynres (a checkpoint from before an upgrade) loads too: its
+        retired entries are dropped and the entries it lacks start unmeasured.
+        """
         names = {f.name: f for f in fields(Estimates)}
+        if set(state) - set(names) <= _RETIRED_STATE and set(names) - set(state) <= _ADDED_STATE:
+            defaults = asdict(Estimates())
+            state = {name: state[name] if name in state else defaults[name] for name in names}
         if set(state) != set(names):
             raise PolicyValidationError(
                 f"policy 'predictive': state keys {sorted(state)} do not match {sorted(names)}; "
@@ -561,6 +568,12 @@ class PredictivePolicy(Policy):
 
 DRAIN_MIN_RATIO = 2.0
 """A weight sync counts as draining running samples only above this many times the shortest (ratio)."""
+
+_RETIRED_STATE = frozenset({"collect_share", "window_share"})
+"""State entries earlier versions saved that this one no longer keeps (dropped on load)."""
+
+_ADDED_STATE = frozenset({"sync_min_s"})
+"""State entries this version added (unmeasured when a state from before them is loaded)."""
 
 _MAX_SECONDS = 1e9
 """Durations beyond this (about 30 years) are not measurements (seconds)."""
