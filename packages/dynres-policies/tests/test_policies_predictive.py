@@ -463,20 +463,27 @@ def test_sim_first_cycle_with_most_capacity_on_hybrids_hardly_waits() -> None:
     assert sum(r.report.cycles[0].step_wait_times) < 150.0, r.report.cycles[0].step_wait_times
 
 
+def _after_syncs(base_s: float, third_s: float) -> PredictivePolicy:
+    # Three hybrid cycles whose syncs take base_s, except the third's (longer by the extra time).
+    p = PredictivePolicy({"calibrate_static": False})
+    cycles = [
+        cycle_ctx(
+            k,
+            cycle_s=380.0 + (third_s - base_s if k == 3 else 0.0),
+            hybrid_s=150.0,
+            hybrid_generated=30,
+            sync_s=third_s if k == 3 else base_s,
+        )
+        for k in range(1, 4)
+    ]
+    run(p, [make_ctx(global_steps=0), *cycles])
+    return p
+
+
 def test_a_sync_that_drained_running_samples_raises_the_wait_target() -> None:
     # Without partial rollout a sync first lets the running samples finish: 60 s longer than the
     # shortest sync is 60 s of trainer idle that a longer window would have saved.
-    def cycles(drain_s: float) -> list[ScheduleContext]:
-        return [
-            cycle_ctx(k, cycle_s=380.0 + drain_s, hybrid_s=150.0, hybrid_generated=30, sync_s=4.0 + drain_s)
-            if k == 3
-            else cycle_ctx(k, cycle_s=380.0, hybrid_s=150.0, hybrid_generated=30)
-            for k in range(1, 4)
-        ]
-
-    steady, drained = PredictivePolicy({"calibrate_static": False}), PredictivePolicy({"calibrate_static": False})
-    run(steady, [make_ctx(global_steps=0), *cycles(0.0)])
-    run(drained, [make_ctx(global_steps=0), *cycles(60.0)])
+    steady, drained = _after_syncs(4.0, 4.0), _after_syncs(4.0, 64.0)
     ctx = make_ctx(is_hybrid_active=True, num_active_replicas=4, staleness_threshold=0.5)
     # 60 s of standalone production is about 10 samples here; wait_increase raises by half of them.
     assert drained.deactivate_wait_samples(ctx) - steady.deactivate_wait_samples(ctx) >= 4
@@ -498,14 +505,6 @@ def test_sim_without_partial_rollout_counting_the_drain_saves_time() -> None:
 def test_sync_jitter_is_not_a_drain() -> None:
     # A sync 75% longer than the shortest (40 s -> 70 s: export and load times vary; 30 s is 6
     # samples of standalone production here) leaves the target where steady syncs put it.
-    def cycles(sync_s: float) -> list[ScheduleContext]:
-        return [
-            cycle_ctx(k, cycle_s=380.0, hybrid_s=150.0, hybrid_generated=30, sync_s=sync_s if k == 3 else 40.0)
-            for k in range(1, 4)
-        ]
-
-    steady, jittery = PredictivePolicy({"calibrate_static": False}), PredictivePolicy({"calibrate_static": False})
-    run(steady, [make_ctx(global_steps=0), *cycles(40.0)])
-    run(jittery, [make_ctx(global_steps=0), *cycles(70.0)])
+    steady, jittery = _after_syncs(40.0, 40.0), _after_syncs(40.0, 70.0)
     assert jittery.est.sync_min_s == 40.0
     assert jittery.est.wait_bias == steady.est.wait_bias

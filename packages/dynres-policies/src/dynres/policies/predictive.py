@@ -274,9 +274,8 @@ class PredictivePolicy(Policy):
         remaining = ctx.total_steps - ctx.global_steps if ctx.total_steps else -1
         if remaining == 0:
             return False  # the final sync leaves nothing to generate for
-        if remaining == 1 and self.forecast(ctx, est).wait_samples <= (
-            ctx.queue_size + self.params.in_flight_credit * ctx.in_flight_samples
-        ):
+        fc = self.forecast(ctx, est)
+        if remaining == 1 and fc.wait_samples <= ctx.queue_size + self.params.in_flight_credit * ctx.in_flight_samples:
             # The final cycle: no later cycle gains from what a window leaves queued, so a window
             # is worth it only if the fit steps need more than what is queued or nearly done
             # (verl-7b-async-32-32: a 70 s window for samples that came in time anyway).
@@ -285,8 +284,7 @@ class PredictivePolicy(Policy):
             # Nothing measured: the trainer waits for its first batch anyway, and the hybrids
             # remove a rho / (1 + rho) share of that wait; a small prior share does not repay a
             # switch that is unmeasured and may be slow (cold engines).
-            prior = ctx.num_hybrid_replicas / max(1, ctx.num_standalone_replicas)
-            return self.params.activate_at_start and prior >= self.params.activate_at_start_min_gain
+            return self.params.activate_at_start and _replica_ratio(ctx) >= self.params.activate_at_start_min_gain
         if ctx.global_steps < est.suppress_until:
             return False
         p = self.params
@@ -299,7 +297,6 @@ class PredictivePolicy(Policy):
             switch = self.switch_cost(est)
             rho = self.hybrid_gain(ctx, est)
             return max(0.0, sum(ctx.step_wait_times) - switch) * rho / (1.0 + rho) > p.switch_cost_margin * switch
-        fc = self.forecast(ctx, est)
         if fc.wait_samples <= ctx.queue_size:
             # The queue already holds the wait target: the next cycle would deactivate at once,
             # so the hybrid replicas would only cost their switch.
@@ -365,7 +362,7 @@ class PredictivePolicy(Policy):
         measured = self.measured_gain(est)
         if math.isfinite(measured):
             return measured
-        return ctx.num_hybrid_replicas / max(1, ctx.num_standalone_replicas)
+        return _replica_ratio(ctx)
 
     def initial_wait_ratio(self, ctx: ScheduleContext) -> float:
         """Wait target before anything is measured (fraction of a cycle's samples).
@@ -378,7 +375,7 @@ class PredictivePolicy(Policy):
         them wait 66 s). Never below ``initial_wait_ratio``.
         """
         ratio = self.params.initial_wait_ratio
-        rho = ctx.num_hybrid_replicas / max(1, ctx.num_standalone_replicas)
+        rho = _replica_ratio(ctx)
         return max(ratio, 1.0 - (1.0 - ratio) / rho) if rho > 1.0 else ratio
 
     def forecast(self, ctx: ScheduleContext, est: Estimates) -> Forecast:
@@ -393,7 +390,7 @@ class PredictivePolicy(Policy):
             wait = min(limit, math.ceil(step_required * ratio))
             return Forecast(static_idle_s=0.0, hybrid_idle_s=switch, switch_s=switch, wait_samples=wait)
         t = est.train_s / n
-        g = est.standalone_share * step_required / est.train_s
+        g = _standalone_rate(ctx, est)
         static_idle = max(0.0, *(((i + 1) * k - q) / g - i * t for i in range(n)))
         if est.static_idle_share > 0:
             # The constant-rate model misses the pipeline's restart after each sync (all of it
@@ -510,7 +507,7 @@ class PredictivePolicy(Policy):
             # it would raise the target a little every cycle.
             return 0
         drain_s = ctx.last_sync_s - est.sync_min_s
-        return int(drain_s * est.standalone_share * ctx.step_required_samples / est.train_s)
+        return int(drain_s * _standalone_rate(ctx, est))
 
     def _judge(self, ctx: ScheduleContext, est: Estimates) -> Estimates:
         """Count a hybrid cycle after which the running hybrid idle is no better than the measured
@@ -580,6 +577,17 @@ _MAX_SECONDS = 1e9
 
 _MAX_GAIN = 1e6
 """Hybrid over standalone token rates beyond this are not measurements (ratio)."""
+
+
+def _standalone_rate(ctx: ScheduleContext, est: Estimates) -> float:
+    """Samples per second the standalone replicas deliver, from the learned share (samples/s;
+    needs ``est.train_s > 0``)."""
+    return est.standalone_share * ctx.step_required_samples / est.train_s
+
+
+def _replica_ratio(ctx: ScheduleContext) -> float:
+    # The prior rho: a hybrid replica as productive as a standalone one.
+    return ctx.num_hybrid_replicas / max(1, ctx.num_standalone_replicas)
 
 
 def _ema(old: float, new: float, weight: float) -> float:
