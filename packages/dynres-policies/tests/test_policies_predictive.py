@@ -183,18 +183,38 @@ def test_backs_off_when_hybrid_cycles_realise_no_saving_and_probes_again() -> No
 
 def test_a_second_failed_probe_doubles_the_back_off() -> None:
     p = PredictivePolicy({"backoff_after": 1, "probe_interval_min": 2, "probe_interval_max": 16})
-    p.est = Estimates(train_s=200.0, standalone_share=0.4, static_idle_share=1.0, hybrid_idle_share=2.0, backoff=2)
+    p.est = Estimates(
+        train_s=200.0, standalone_share=0.4, static_cycles=2, static_idle_share=1.0, hybrid_idle_share=2.0, backoff=2
+    )
     est = p._judge(make_ctx(global_steps=10), p.est)
     assert est.backoff == 4 and est.suppress_until == 14
+
+
+def test_one_cycle_without_hybrids_is_no_reference_yet() -> None:
+    # The first cycle without hybrids after hybrid ones starts with their partly generated work
+    # in flight and idles least: alone it would make hybrids look useless (seed-dynamic-16-16,
+    # seed 1: 173 s, later ones 220-330 s). It neither backs off nor sets rho to 0.
+    losing = Estimates(
+        train_s=200.0, standalone_share=0.4, static_cycles=1, static_idle_share=1.0, hybrid_idle_share=2.0
+    )
+    p = PredictivePolicy({"backoff_after": 1})
+    assert p._judge(make_ctx(global_steps=10), losing).backoff == 0
+    assert p.hybrid_gain(make_ctx(global_steps=10), losing) == 1.0  # the replica-count prior
+    assert p._judge(make_ctx(global_steps=10), replace(losing, static_cycles=2)).backoff == 4  # probe_interval_min
+    assert p.hybrid_gain(make_ctx(global_steps=10), replace(losing, static_cycles=2)) == 0.0
+    one = PredictivePolicy({"backoff_after": 1, "static_reference_cycles": 1})
+    assert one._judge(make_ctx(global_steps=10), losing).backoff == 4
 
 
 def test_measured_gain_follows_the_realised_saving() -> None:
     p = PredictivePolicy()
     # Static idle 200 s, hybrid idle 100 s per 100 s of training, switch 16 s: saving 100 of 184.
-    est = Estimates(train_s=100.0, static_idle_share=2.0, hybrid_idle_share=1.0, activate_s=10.0, deactivate_s=6.0)
+    est = Estimates(
+        train_s=100.0, static_cycles=2, static_idle_share=2.0, hybrid_idle_share=1.0, activate_s=10.0, deactivate_s=6.0
+    )
     r = 100.0 / 184.0
     assert p.measured_gain(est) == pytest.approx(r / (1 - r))
-    assert p.measured_gain(Estimates(train_s=100.0, static_idle_share=1.0, hybrid_idle_share=1.5)) == 0.0
+    assert p.measured_gain(replace(est, static_idle_share=1.0, hybrid_idle_share=1.5)) == 0.0
     assert math.isinf(p.measured_gain(Estimates()))
 
 
@@ -371,6 +391,36 @@ def test_after_a_first_cycle_that_ran_ahead_only_its_measured_waits_decide() -> 
     assert answers == [False, True]
 
 
+def test_after_the_first_cycle_the_window_the_target_needs_counts_too() -> None:
+    # The same first cycle whose fit steps waited 300 s, but a correction that puts the wait
+    # target far above the queue: the window it makes the hybrids hold costs more than the waits
+    # it removes (verl-7b-async-16-16, seed 0: 39 s of waits, then a 300 s window where the
+    # cycle without hybrids waited 7 s).
+    answers = []
+    for bias in (0.0, 80.0):
+        p = PredictivePolicy({"calibrate_static": False})
+        first = cycle_ctx(
+            1, cycle_s=500.0, hybrid_s=150.0, hybrid_generated=30, queue=30, waits=(150.0, 60.0, 50.0, 40.0)
+        )
+        p.est = replace(p.learn(first), wait_bias=bias)
+        fc = p.forecast(first, p.est)
+        assert (fc.window_s > 300.0) == (bias > 0), fc
+        answers.append(p._decide(first, p.est))
+    assert answers == [True, False]
+
+
+def test_sim_no_long_window_after_a_first_cycle_with_short_waits() -> None:
+    # verl-7b-async-16-16, seed 0: the first cycle's fit steps waited 39 s after the hybrids
+    # left; a second window of 300 s for that made the run 6% slower than default.
+    from dynres.runtime.sim import simulate
+
+    on = {"async_training.use_dynamic_resource_scheduling": True}
+    mine = simulate("verl-7b-async-16-16", policy="predictive", seed=0, overrides=on)
+    default = simulate("verl-7b-async-16-16", policy="default", seed=0, overrides=on)
+    assert not mine.report.cycles[1].hybrid_active_at_start
+    assert mine.end_to_end_s < default.end_to_end_s, (mine.end_to_end_s, default.end_to_end_s)
+
+
 # ---- Token counts: what hybrid replicas really generate ------------------------------------------
 
 
@@ -409,7 +459,7 @@ def test_the_realised_saving_caps_what_the_token_counts_promise() -> None:
     est = Estimates(train_s=100.0, token_gain=1.0, activate_s=10.0, deactivate_s=6.0)
     ctx = make_ctx(global_steps=5)
     assert p.hybrid_gain(ctx, est) == 1.0
-    assert p.hybrid_gain(ctx, replace(est, static_idle_share=1.0, hybrid_idle_share=1.5)) == 0.0
+    assert p.hybrid_gain(ctx, replace(est, static_cycles=2, static_idle_share=1.0, hybrid_idle_share=1.5)) == 0.0
     assert p.hybrid_gain(ctx, replace(est, token_gain=0.05)) == 0.0  # below min_hybrid_gain
 
 

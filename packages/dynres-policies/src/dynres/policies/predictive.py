@@ -70,6 +70,9 @@ class Forecast:
     """Measured (or assumed) activation + deactivation cost (seconds)."""
     wait_samples: int
     """Queue size to wait for before deactivating (samples)."""
+    window_s: float = 0.0
+    """How long the hybrid replicas must stay routable for the queue to reach ``wait_samples``,
+    standalone and hybrid production together (seconds; 0 when nothing was measured)."""
 
     @property
     def saving_s(self) -> float:
@@ -103,17 +106,19 @@ class PredictivePolicy(Policy):
     which the trainer never waited and the queue reached its staleness cap only raises production
     estimates (it was held back by the budget, not by the replicas). ``rho`` starts at the
     replica-count ratio (a hybrid replica as fast as a standalone one) and is measured against
-    the idle of cycles without hybrids, and, where the engines count tokens, from the hybrid
-    replicas' token rate (``token_gain``; below ``min_hybrid_gain`` they count as adding
-    nothing). The first cycle's production estimate is replaced by the second's, not averaged.
-    With ``calibrate_static`` on, one cycle that starts with a full queue runs without hybrids to
-    measure it, but only while the forecast saving is within ``calibrate_max_saving`` switch costs
-    (a clear saving is not worth a cycle of waiting).
+    the idle of cycles without hybrids (once ``static_reference_cycles`` of them ran), and, where
+    the engines count tokens, from the hybrid replicas' token rate (``token_gain``; below
+    ``min_hybrid_gain`` they count as adding nothing). The first cycle's production estimate is
+    replaced by the second's, not averaged. With ``calibrate_static`` on, cycles that start with a
+    full queue run without hybrids to measure it until that reference exists, but only while the
+    forecast saving is within ``calibrate_max_saving`` switch costs (a clear saving is not worth a
+    cycle of waiting).
 
     After each hybrid cycle the realised idle (everything but training and the weight sync,
     switches included) is compared with the static reference: the idle per training second of
-    cycles without hybrids. After ``backoff_after`` hybrid cycles in a row without a saving the
-    policy stops activating for ``probe_interval_min`` cycles, and doubles the pause (up to
+    cycles without hybrids, once ``static_reference_cycles`` of them ran. After ``backoff_after``
+    hybrid cycles in a row without a saving the policy stops activating for
+    ``probe_interval_min`` cycles, and doubles the pause (up to
     ``probe_interval_max``) each time the next probe fails too. An only-hybrid cluster always
     activates (nothing else generates). When the run's length is known: nothing is activated
     after its final sync; before the final cycle only if the wait target exceeds the queue plus
@@ -124,7 +129,8 @@ class PredictivePolicy(Policy):
     cycle that ran with hybrids and ended with a collection queued, ``X`` is that cycle's measured
     fit-step waits, not the forecast: the first cycle trains on the samples that finished first
     (the short ones), so its training time understates later cycles' and the forecast overstates
-    the idle.
+    the idle. The hybrid idle it is compared with includes the window the wait target needs
+    (``Forecast.window_s``): the target still comes from the forecast.
     """
 
     name = "predictive"
@@ -195,8 +201,9 @@ class PredictivePolicy(Policy):
         )
         calibrate_static: bool = Field(
             True,
-            description="Run one cycle without hybrids early on to measure what hybrids add, when the "
-            "forecast cannot tell (see calibrate_max_saving, calibrate_by, calibrate_min_steps).",
+            description="Run cycles without hybrids early on, until static_reference_cycles of them ran, to "
+            "measure what hybrids add, when the forecast cannot tell (see calibrate_max_saving, calibrate_by, "
+            "calibrate_min_steps).",
         )
         calibrate_max_saving: float = Field(
             1.0,
@@ -220,6 +227,14 @@ class PredictivePolicy(Policy):
             description="Before the run's final cycle (total_steps known), count this share of the samples in "
             "flight as already queued when asking whether a window is needed: a sample in flight is on "
             "average half generated (fraction).",
+        )
+        static_reference_cycles: int = Field(
+            2,
+            ge=1,
+            description="Cycles without hybrids (the run's first included) before their idle counts as the "
+            "reference that measures rho and decides a back-off: the first such cycle after hybrid ones "
+            "starts with the hybrids' partly generated work in flight and idles least (seed-dynamic-16-16, "
+            "seed 1: 173 s, then 220-330 s), so alone it makes hybrids look useless (count).",
         )
         min_hybrid_gain: float = Field(
             0.15,
@@ -294,9 +309,14 @@ class PredictivePolicy(Policy):
             # from it overstates the next idle. When that cycle ended with a collection queued,
             # decide on what it measured instead: its fit steps' waits after the hybrid replicas
             # left, taken as the static idle X of the model's saving (the test below, X measured).
+            # The wait target still comes from the forecast, and the window it makes the hybrids
+            # hold is paid even where the measured waits are short (verl-7b-async-16-16, seed 0:
+            # 39 s of waits, then a 300 s window where the cycle without hybrids waited 7 s).
             switch = self.switch_cost(est)
             rho = self.hybrid_gain(ctx, est)
-            return max(0.0, sum(ctx.step_wait_times) - switch) * rho / (1.0 + rho) > p.switch_cost_margin * switch
+            waits = sum(ctx.step_wait_times)
+            hybrid_idle = switch + max(max(0.0, waits - switch) / (1.0 + rho), fc.window_s)
+            return waits - hybrid_idle > p.switch_cost_margin * switch
         if fc.wait_samples <= ctx.queue_size:
             # The queue already holds the wait target: the next cycle would deactivate at once,
             # so the hybrid replicas would only cost their switch.
@@ -308,7 +328,7 @@ class PredictivePolicy(Policy):
             return True  # what hybrids add was measured long ago: probe once
         if (
             p.calibrate_static
-            and est.static_idle_share < 0
+            and not self._static_reference(est)
             and (remaining < 0 or remaining >= p.calibrate_min_steps)
             and (ctx.queue_size >= ctx.buffer_samples or 0 < p.calibrate_by <= ctx.global_steps)
             and fc.saving_s <= p.calibrate_max_saving * fc.switch_s
@@ -328,7 +348,7 @@ class PredictivePolicy(Policy):
 
     def measured_gain(self, est: Estimates) -> float:
         """rho measured from cycles with and without hybrids, or infinity before both ran (ratio)."""
-        if est.static_idle_share < 0 or est.hybrid_idle_share < 0 or est.train_s <= 0:
+        if not self._static_reference(est) or est.hybrid_idle_share < 0 or est.train_s <= 0:
             return math.inf
         static_idle = est.static_idle_share * est.train_s
         saving = (est.static_idle_share - est.hybrid_idle_share) * est.train_s
@@ -406,11 +426,13 @@ class PredictivePolicy(Policy):
         if not all(math.isfinite(x) for x in (static_idle, fill, wait_f)):
             # Extreme estimates (a rate near zero): decide nothing on them.
             return Forecast(static_idle_s=0.0, hybrid_idle_s=switch, switch_s=switch, wait_samples=limit)
+        wait = max(0, min(limit, math.ceil(wait_f)))
         return Forecast(
             static_idle_s=static_idle,
             hybrid_idle_s=switch + fill,
             switch_s=switch,
-            wait_samples=max(0, min(limit, math.ceil(wait_f))),
+            wait_samples=wait,
+            window_s=max(0, wait - q) / (g * (1.0 + rho)),
         )
 
     # ---- Learning -------------------------------------------------------------------------
@@ -509,10 +531,14 @@ class PredictivePolicy(Policy):
         drain_s = ctx.last_sync_s - est.sync_min_s
         return int(drain_s * _standalone_rate(ctx, est))
 
+    def _static_reference(self, est: Estimates) -> bool:
+        """Whether enough cycles without hybrids were measured to compare hybrid cycles with."""
+        return est.static_idle_share >= 0 and est.static_cycles >= self.params.static_reference_cycles
+
     def _judge(self, ctx: ScheduleContext, est: Estimates) -> Estimates:
         """Count a hybrid cycle after which the running hybrid idle is no better than the measured
         static idle; back off after ``backoff_after`` in a row."""
-        if ctx.only_hybrid or est.static_idle_share < 0:
+        if ctx.only_hybrid or not self._static_reference(est):
             # Only measured cycles are evidence against switching: a forecast that disagrees
             # with a measured hybrid cycle is more likely wrong than the measurement.
             return est
