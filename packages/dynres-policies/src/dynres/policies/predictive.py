@@ -100,7 +100,10 @@ class PredictivePolicy(Policy):
     constant-rate model misses the pipeline's restart after a sync). The wait target is what the
     queue must hold at deactivation so that the standalone production alone feeds every fit step,
     plus a correction learned from the waits that still happened (a weight sync that had to drain
-    running samples, without partial rollout, counts as one).
+    running samples, without partial rollout, counts as one) and cut after cycles that never
+    waited (``wait_decrease``, or ``wait_decrease_unbuffered`` where staleness 0 leaves no buffer
+    for a long window to fill). The second cycle's target is at most the first one raised by its
+    miss (:meth:`second_wait_cap`).
 
     Every cycle updates the estimates (exponential averages with weight ``ema_weight``); a cycle in
     which the trainer never waited and the queue reached its staleness cap only raises production
@@ -168,6 +171,14 @@ class PredictivePolicy(Policy):
             le=1.0,
             description="Cut of the wait target after a hybrid cycle whose fit steps never waited "
             "(fraction of a cycle's samples).",
+        )
+        wait_decrease_unbuffered: float = Field(
+            0.04,
+            ge=0.0,
+            le=1.0,
+            description="wait_decrease where the staleness budget leaves no buffer beyond a cycle's samples "
+            "(staleness 0): a window longer than needed then fills no buffer that would shorten the next one, "
+            "so its cost is all lost (fraction of a cycle's samples).",
         )
         initial_wait_ratio: float = Field(
             0.5,
@@ -398,6 +409,22 @@ class PredictivePolicy(Policy):
         rho = _replica_ratio(ctx)
         return max(ratio, 1.0 - (1.0 - ratio) / rho) if rho > 1.0 else ratio
 
+    def initial_wait(self, ctx: ScheduleContext) -> int:
+        """Wait target before anything is measured (samples; a whole cycle's in an only-hybrid cluster)."""
+        ratio = 1.0 if ctx.only_hybrid else self.initial_wait_ratio(ctx)
+        return min(ctx.step_required_samples + ctx.buffer_samples, math.ceil(ctx.step_required_samples * ratio))
+
+    def second_wait_cap(self, ctx: ScheduleContext) -> int:
+        """Most the second cycle waits for after a first one with hybrids (samples): the first target
+        raised as a miss raises it later (``wait_increase`` x the most samples a fit step waited for).
+
+        The first cycle trained on the samples that finished first (the short ones), so the training
+        time it measured understates the second cycle's, and a target forecast from it comes out too
+        high (verl-7b-async-64-64, seed 2: 351 samples and a 212 s window whose fit steps never
+        waited, where 204 would have done).
+        """
+        return self.initial_wait(ctx) + math.ceil(self.params.wait_increase * max(ctx.step_wait_samples, default=0))
+
     def forecast(self, ctx: ScheduleContext, est: Estimates) -> Forecast:
         """Forecast the next cycle from the queue in ``ctx`` and the estimates ``est``."""
         step_required = ctx.step_required_samples
@@ -406,9 +433,9 @@ class PredictivePolicy(Policy):
         q = ctx.queue_size
         switch = self.switch_cost(est)
         if est.train_s <= 0 or est.standalone_share <= 0:
-            ratio = 1.0 if ctx.only_hybrid else self.initial_wait_ratio(ctx)
-            wait = min(limit, math.ceil(step_required * ratio))
-            return Forecast(static_idle_s=0.0, hybrid_idle_s=switch, switch_s=switch, wait_samples=wait)
+            return Forecast(
+                static_idle_s=0.0, hybrid_idle_s=switch, switch_s=switch, wait_samples=self.initial_wait(ctx)
+            )
         t = est.train_s / n
         g = _standalone_rate(ctx, est)
         static_idle = max(0.0, *(((i + 1) * k - q) / g - i * t for i in range(n)))
@@ -427,6 +454,8 @@ class PredictivePolicy(Policy):
             # Extreme estimates (a rate near zero): decide nothing on them.
             return Forecast(static_idle_s=0.0, hybrid_idle_s=switch, switch_s=switch, wait_samples=limit)
         wait = max(0, min(limit, math.ceil(wait_f)))
+        if ctx.global_steps == 1 and est.hybrid_cycles == 1:
+            wait = min(wait, self.second_wait_cap(ctx))
         return Forecast(
             static_idle_s=static_idle,
             hybrid_idle_s=switch + fill,
@@ -489,7 +518,8 @@ class PredictivePolicy(Policy):
             if missing:
                 bias = out.wait_bias + self.params.wait_increase * missing
             else:
-                bias = out.wait_bias - self.params.wait_decrease * step_required
+                cut = self.params.wait_decrease if ctx.buffer_samples else self.params.wait_decrease_unbuffered
+                bias = out.wait_bias - cut * step_required
             if settled:
                 share = (idle_s + ctx.last_activate_duration_s) / train_s
                 prev = out.hybrid_idle_share
