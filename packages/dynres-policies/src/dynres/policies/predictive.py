@@ -245,7 +245,7 @@ class PredictivePolicy(Policy):
             description="Cycles without hybrids (the run's first included) before their idle counts as the "
             "reference that measures rho and decides a back-off: the first such cycle after hybrid ones "
             "starts with the hybrids' partly generated work in flight and idles least (seed-dynamic-16-16, "
-            "seed 1: 173 s, then 220-330 s), so alone it makes hybrids look useless (count).",
+            "seed 1: 173 s, then 190-330 s), so alone it makes hybrids look useless (count).",
         )
         min_hybrid_gain: float = Field(
             0.15,
@@ -358,7 +358,8 @@ class PredictivePolicy(Policy):
         return est.activate_s + est.deactivate_s
 
     def measured_gain(self, est: Estimates) -> float:
-        """rho measured from cycles with and without hybrids, or infinity before both ran (ratio)."""
+        """rho measured from cycles with and without hybrids, or infinity before hybrid cycles and the
+        static reference (``static_reference_cycles``) ran (ratio)."""
         if not self._static_reference(est) or est.hybrid_idle_share < 0 or est.train_s <= 0:
             return math.inf
         static_idle = est.static_idle_share * est.train_s
