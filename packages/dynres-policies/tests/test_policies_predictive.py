@@ -444,7 +444,7 @@ def test_sim_the_cap_keeps_the_model_from_overshooting_a_measured_target() -> No
     from dynres.runtime.sim import simulate
 
     class Uncapped(PredictivePolicy):
-        def _next_wait_cap(self, ctx: ScheduleContext, est: Estimates, missing: int, drain: int, cut: float) -> float:
+        def _next_wait_cap(self, ctx: ScheduleContext, est: Estimates, step: float, drain: int) -> float:
             return float(self.second_wait_cap(ctx)) if ctx.global_steps == 1 else 0.0
 
     mine = simulate("seed-dynamic-64-64", policy="predictive", seed=2).end_to_end_s

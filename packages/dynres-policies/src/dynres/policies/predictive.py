@@ -114,15 +114,14 @@ class PredictivePolicy(Policy):
     Every cycle updates the estimates (exponential averages with weight ``ema_weight``; idle
     counted at equal stock, :meth:`stock_adjusted_idle`); a cycle in which the trainer never waited
     and the queue reached its staleness cap only raises production estimates (it was held back by
-    the budget, not by the replicas). ``rho`` starts at the
-    replica-count ratio (a hybrid replica as fast as a standalone one) and is measured against
-    the idle of cycles without hybrids (once ``static_reference_cycles`` of them ran), and, where
-    the engines count tokens, from the hybrid replicas' token rate (``token_gain``; below
-    ``min_hybrid_gain`` they count as adding nothing). The first cycle's production estimate is
-    replaced by the second's, not averaged. With ``calibrate_static`` on, cycles that start with a
-    full queue run without hybrids to measure it until that reference exists, but only while the
-    forecast saving is within ``calibrate_max_saving`` switch costs (a clear saving is not worth a
-    cycle of waiting).
+    the budget, not by the replicas). ``rho`` starts at the replica-count ratio (a hybrid replica
+    as fast as a standalone one) and is measured against the idle of cycles without hybrids (once
+    ``static_reference_cycles`` of them ran), and, where the engines count tokens, from the hybrid
+    replicas' token rate (``token_gain``; below ``min_hybrid_gain`` they count as adding nothing).
+    The first cycle's production estimate is replaced by the second's, not averaged. With
+    ``calibrate_static`` on, cycles that start with a full queue run without hybrids to measure it
+    until that reference exists, but only while the forecast saving is within
+    ``calibrate_max_saving`` switch costs (a clear saving is not worth a cycle of waiting).
 
     After each hybrid cycle the realised idle (everything but training and the weight sync,
     switches included) is compared with the static reference: the idle per training second of
@@ -525,12 +524,13 @@ class PredictivePolicy(Policy):
             # that never waited may have waited too long for its hybrids: lower it a little.
             drain = self.drain_samples(ctx, out)
             missing = max(ctx.step_wait_samples, default=0) + drain
-            cut = self.params.wait_decrease if ctx.buffer_samples else self.params.wait_decrease_unbuffered
             if missing:
-                bias = out.wait_bias + self.params.wait_increase * missing
+                step = self.params.wait_increase * missing
             else:
-                bias = out.wait_bias - cut * step_required
-            out = replace(out, wait_cap=self._next_wait_cap(ctx, out, missing, drain, cut))
+                cut = self.params.wait_decrease if ctx.buffer_samples else self.params.wait_decrease_unbuffered
+                step = -cut * step_required
+            bias = out.wait_bias + step
+            out = replace(out, wait_cap=self._next_wait_cap(ctx, out, step, drain))
             if settled:
                 share = (idle_s + ctx.last_activate_duration_s) / train_s
                 prev = out.hybrid_idle_share
@@ -588,10 +588,9 @@ class PredictivePolicy(Policy):
         drain_s = ctx.last_sync_s - est.sync_min_s
         return int(drain_s * _standalone_rate(ctx, est))
 
-    def _next_wait_cap(self, ctx: ScheduleContext, est: Estimates, missing: int, drain: int, cut: float) -> float:
-        """``wait_cap`` after a cycle with hybrids that missed by ``missing`` samples (``drain`` of
-        them a draining sync); ``cut`` is the fraction of a cycle's samples a cycle without waits
-        takes off."""
+    def _next_wait_cap(self, ctx: ScheduleContext, est: Estimates, step: float, drain: int) -> float:
+        """``wait_cap`` after a cycle with hybrids whose correction moved by ``step`` samples and
+        whose sync drained ``drain`` samples' worth."""
         if ctx.global_steps == 1:
             return float(self.second_wait_cap(ctx))
         if est.wait_cap <= 0 or drain:
@@ -599,9 +598,7 @@ class PredictivePolicy(Policy):
             # short at the sync, however many the fit steps needed: the forecast's target, which
             # counts the drain, is the better guide from then on.
             return 0.0
-        if missing:
-            return est.wait_cap + self.params.wait_increase * missing
-        return max(1.0, est.wait_cap - cut * ctx.step_required_samples)
+        return max(1.0, est.wait_cap + step)
 
     def _static_reference(self, est: Estimates) -> bool:
         """Whether enough cycles without hybrids were measured to compare hybrid cycles with."""
