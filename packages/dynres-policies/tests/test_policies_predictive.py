@@ -463,6 +463,19 @@ def test_a_cycle_is_credited_with_the_stock_it_leaves_for_the_next() -> None:
     assert p.stock_adjusted_idle(filled, replace(est, queue_end=-1.0), 296.0) == 296.0  # no earlier cycle
 
 
+def test_a_cycle_without_a_training_measurement_still_moves_the_stock_baseline() -> None:
+    # Cycle 3 measured no training (no rate, no time) but ended with 40 queued samples; cycle 4
+    # ends with 40 too, so it stocked nothing and its idle is counted as it is.
+    p = PredictivePolicy()
+    run(p, [make_ctx(global_steps=0), cycle_ctx(1, cycle_s=500.0), cycle_ctx(2, cycle_s=500.0)])
+    unmeasured = cycle_ctx(3, cycle_s=500.0, queue=40).model_copy(
+        update={"consumption_rate": 0.0, "last_train_time_s": 0.0}
+    )
+    run(p, [unmeasured])
+    assert p.est.queue_end == 40.0
+    assert p.stock_adjusted_idle(cycle_ctx(4, cycle_s=500.0, queue=40), p.est, 96.0) == 96.0
+
+
 def test_sim_big_switch_hybrid_cycles_that_stock_the_queue_are_not_blamed() -> None:
     # moe-bigswitch-32-32, seed 1: counted raw, one hybrid cycle (a 120 s switch, a window that
     # filled the queue) idled 0.69 per training second against 0.36 for the cycles without

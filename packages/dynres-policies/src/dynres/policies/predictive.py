@@ -484,7 +484,9 @@ class PredictivePolicy(Policy):
         cycle_s = ctx.last_cycle_time_s
         train_s = step_required / ctx.consumption_rate if ctx.consumption_rate > 0 else ctx.last_train_time_s
         if not (0 < train_s < _MAX_SECONDS):
-            return est  # nothing measured, or a rate too small to be a measurement
+            # Nothing measured, or a rate too small to be a measurement. The queue is still this
+            # cycle's end: the next cycle's stock is counted from it, not from one cycle earlier.
+            return replace(est, queue_end=float(ctx.queue_size))
         waited = sum(ctx.step_wait_times) > 0
         # Neither waited nor below the staleness cap: production was held back by the budget.
         throttled = not waited and ctx.queue_size >= ctx.buffer_samples
