@@ -10,7 +10,7 @@
 # 24 cycles, not the example's 16: the toy policy often wanders near 0.5 for 8-12 cycles before it
 # learns the rule (the async run trains on samples up to a cycle stale): 2 of 15 recorded runs of
 # 16 cycles ended before it had (0.478 -> 0.522, 0.527 -> 0.543), failing CI. Over 24 cycles the
-# last 3 cycles beat the first 3 by 0.22 to 0.50 in every probe run; the extra cycles cost ~15 s.
+# last 3 cycles beat the first 3 by 0.22 to 0.50 in every probe run; the extra cycles cost ~10 s.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0
