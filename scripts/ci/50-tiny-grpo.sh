@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # The tiny real run: `dynres run examples/tiny-grpo-cpu.yaml --steps 24` (2 standalone + 1 hybrid
 # vLLM replicas on CPU, torch trainer, Ray actors, default policy), then checks from its files:
-#   - the reward rises (mean of the last 3 cycles > mean of the first 3 cycles + 0.05);
+#   - the reward rises (mean of the last half of the cycles > mean of the first 3 + 0.1);
 #   - the hybrid replica was activated and deactivated several times;
 #   - every admitted sample is accounted for: consumed, dropped stale, still queued, or kept
 #     partial at the end; nothing failed and nothing was produced twice;
 #   - the log shows the controller's own overhead next to the engines' sleep/wake_up/abort times.
 # Must finish in under 10 minutes (the run is killed at 600 s).
-# 24 cycles, not the example's 16: the toy policy (trained asynchronously, on samples up to a
-# cycle stale) often wanders near 0.5 for 8-12 cycles before it learns the rule. 2 of 15 recorded
-# runs of 16 cycles ended before it had (0.478 -> 0.522, 0.527 -> 0.543), failing CI. Over 24
-# cycles the last 3 beat the first 3 by 0.22 to 0.50 in every probe run; the 8 cycles cost ~10 s.
+# 24 cycles, not the example's 16, and the last half, not the last 3: the toy policy (trained
+# asynchronously, on samples up to a cycle stale) often wanders near 0.5 for 8-12 cycles before it
+# learns the rule, and can lose some of it again. Checked on the last 3 of 16 cycles, 2 of 15
+# recorded runs failed (0.478 -> 0.522, 0.527 -> 0.543). In 9 probe runs of 24 cycles the last
+# half beat the first 3 by 0.18 to 0.46 (the last 3 by as little as 0.07); the 8 cycles cost ~10 s.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0
@@ -39,8 +40,9 @@ def check(ok, what):
 key = "cycle_mean/reward/mean"
 rewards = [r[key] for r in records if key in r]
 check(len(rewards) == len(records) >= 6, f"{len(records)} cycles with a reward each")
-first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
-check(last > first + 0.05, f"reward rises: first 3 cycles {first:.3f} -> last 3 cycles {last:.3f}")
+half = rewards[len(rewards) // 2 :]
+first, last = sum(rewards[:3]) / 3, sum(half) / len(half)
+check(last > first + 0.1, f"reward rises: first 3 cycles {first:.3f} -> last {len(half)} cycles {last:.3f}")
 ops = report["operations"]
 check(ops["activations"] >= 3 and ops["deactivations"] >= 3,
       f"hybrid activated {ops['activations']}x and deactivated {ops['deactivations']}x")
