@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default=str(ROOT / "examples" / "tiny-grpo-cpu.yaml"))
     ap.add_argument("--steps", type=int, default=None, help="override run.steps (sync cycles)")
-    ap.add_argument("--out", default="/tmp/dynres-tiny-bench")
+    ap.add_argument("--out", default="/tmp/dynres-tiny-bench", help="run folders: DIR/<policy>, DIR/rep<r>/<policy>")
     ap.add_argument("--policies", default="static_fully_async,default,predictive")
     ap.add_argument("--repeats", type=int, default=1, help="rounds of every policy (order rotated per round)")
     ap.add_argument("--json", action="store_true", help="print every run's row (with its round) as JSON")
@@ -127,7 +127,10 @@ def main(argv: list[str] | None = None) -> int:
     for r, round_policies in enumerate(order):
         for policy in round_policies:
             print(f"round {r + 1}/{len(order)}: running {policy} ...", file=sys.stderr, flush=True)
-            runs.append({**run_one(args.config, policy, args.steps, out), "round": r})
+            # One folder per round (as fidelity_bench lays them out): a later round must not
+            # overwrite the metrics and report of an earlier one.
+            round_out = out / f"rep{r}" if args.repeats > 1 else out
+            runs.append({**run_one(args.config, policy, args.steps, round_out), "round": r})
     if args.json:
         print(json.dumps(runs, indent=2))
         return 0
