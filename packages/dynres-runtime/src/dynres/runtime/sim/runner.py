@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dynres.core import Policy
 from dynres.core.context import buffer_samples
@@ -49,6 +49,10 @@ from dynres.runtime.sim.workload import (
     request_work,
     train_step_seconds,
 )
+
+if TYPE_CHECKING:
+    from dynres.core.config import DynresConfig
+    from dynres.runtime.loop.run import RunSpec
 
 REAL_TIME_KEYS = frozenset({"wall_s", "policy_wall_s"})
 """Report keys measured in real time; left out of the JSON so that it is deterministic."""
@@ -275,6 +279,104 @@ def build_policy(scenario: Scenario, policy: str | Policy | type[Policy] | None)
 # ---- simulate() ------------------------------------------------------------------------------
 
 
+@dataclass
+class _Consumption:
+    """Sample ids admitted and trained, and the work of each fit step: the lower bound counts
+    exactly the work of the samples the trainer consumed, and the ledger checks the ids."""
+
+    prompt_tokens: int
+    """Prompt length of every sample (tokens)."""
+    prefill_cost: float
+    """Decode-token equivalents of one prompt token (see workload.request_work)."""
+    admitted: list[str] = field(default_factory=list)
+    """Ids the prompt source handed to the rollouter, in order."""
+    trained: list[str] = field(default_factory=list)
+    """Ids in the batches the trainer received, in order."""
+    work: list[float] = field(default_factory=list)
+    """Work of each consumed sample, all its responses (token equivalents)."""
+    critical: list[float] = field(default_factory=list)
+    """Work of each consumed sample's longest response (token equivalents)."""
+    fit_steps: list[tuple[float, list[float], list[float]]] = field(default_factory=list)
+    """Per fit step: its compute seconds, and the work and critical work of its samples."""
+
+    def on_batch(self, batch: Any, compute_s: float) -> None:
+        """Record one fit step of ``compute_s`` seconds on ``batch`` (the trainer's hook)."""
+        works_of_step, critical_of_step = [], []
+        for s in batch:
+            self.trained.append(s.sample_id)
+            works = [request_work(self.prompt_tokens, 0, len(r.token_ids), self.prefill_cost) for r in s.responses]
+            works_of_step.append(sum(works))
+            critical_of_step.append(max(works))
+        self.work.extend(works_of_step)
+        self.critical.extend(critical_of_step)
+        self.fit_steps.append((compute_s, works_of_step, critical_of_step))
+
+    def recorded(self, groups: Iterable[PromptGroup]) -> Iterator[PromptGroup]:
+        """``groups`` as they are admitted, each id recorded on the way."""
+        for g in groups:
+            self.admitted.append(g.sample_id)
+            yield g
+
+
+@dataclass
+class _SimCluster:
+    """The simulated engines of one run."""
+
+    standalone: list[SimReplica]
+    """Standalone replicas (always generating)."""
+    hybrid: list[SimReplica]
+    """Hybrid replicas on the trainer's GPUs (start asleep)."""
+    engine: SimTrainEngine
+    """The simulated trainer."""
+
+    @property
+    def replicas(self) -> list[SimReplica]:
+        """Standalone then hybrid replicas."""
+        return [*self.standalone, *self.hybrid]
+
+
+def _build_cluster(sc: Scenario, on_batch: Callable[[Any, float], None]) -> _SimCluster:
+    """The scenario's replicas (on one shared host if it says so) and trainer."""
+    standalone = build_replicas(sc, ReplicaKind.STANDALONE, sc.num_standalone_replicas)
+    hybrid = build_replicas(sc, ReplicaKind.HYBRID, sc.num_hybrid_replicas)
+    attach_shared_host(sc, [*standalone, *hybrid])
+    return _SimCluster(standalone, hybrid, build_train_engine(sc, on_batch))
+
+
+def _run_spec(
+    sc: Scenario,
+    cfg: DynresConfig,
+    pol: Policy,
+    cluster: _SimCluster,
+    prompts: Iterator[PromptGroup],
+    progress: Callable[[CycleReport], Any] | None,
+) -> RunSpec:
+    """The RunSpec of a simulated run: the real runtime's, with no timeouts on modelled durations."""
+    from dynres.core import get_plugin_manager
+    from dynres.runtime.loop.run import RunSpec
+
+    return RunSpec(
+        config=cfg,
+        policy=pol,
+        standalone=cluster.standalone,
+        hybrid=cluster.hybrid,
+        train_engine=cluster.engine,
+        prompts=prompts,
+        num_cycles=sc.steps,
+        progress=progress,
+        plugin_manager=get_plugin_manager(),
+        seed=sc.seed,
+        hybrid_gpus=sc.cluster.trainer_gpus,
+        standalone_gpus=sc.cluster.rollout_gpus,
+        # A simulated operation takes exactly its modelled time: a long fit step on the virtual
+        # clock is the scenario, not a hung engine, so no operation times out.
+        op_timeout_s=math.inf,
+        # Nor a stall watchdog: a long simulated fit step is not a stall, and a real deadlock
+        # leaves the virtual loop with no timer, which sim.loop reports by itself.
+        stall_timeout_s=None,
+    )
+
+
 def simulate(
     scenario: str | Path | Mapping[str, Any] | Scenario,
     *,
@@ -293,6 +395,8 @@ def simulate(
     :param overrides: dotted keys to set before validation (what ``--set`` passes).
     :param thread_grace_s: real seconds a policy call may hold the virtual clock (see sim.loop).
     """
+    from dynres.runtime.loop.run import FullyAsyncRun
+
     sc = load_scenario(scenario, overrides=overrides)
     if seed is not None:
         sc = sc.model_copy(update={"seed": seed})
@@ -304,86 +408,51 @@ def simulate(
         step_required_samples=sc.step_required_samples,
         seed=sc.seed,
     )
-    prompt = sc.workload.prompt_tokens
-    prefill_cost = sc.workload.decode.prefill_cost
-    consumed_work: list[float] = []
-    consumed_critical: list[float] = []
-    fit_steps: list[tuple[float, list[float], list[float]]] = []
-    admitted: list[str] = []
-    trained: list[str] = []
-
-    def on_batch(batch: Any, compute_s: float) -> None:
-        # The lower bound counts the work of exactly the samples the trainer consumed.
-        works_of_step, critical_of_step = [], []
-        for s in batch:
-            trained.append(s.sample_id)
-            works = [request_work(prompt, 0, len(r.token_ids), prefill_cost) for r in s.responses]
-            works_of_step.append(sum(works))
-            critical_of_step.append(max(works))
-        consumed_work.extend(works_of_step)
-        consumed_critical.extend(critical_of_step)
-        fit_steps.append((compute_s, works_of_step, critical_of_step))
-
-    standalone = build_replicas(sc, ReplicaKind.STANDALONE, sc.num_standalone_replicas)
-    hybrid = build_replicas(sc, ReplicaKind.HYBRID, sc.num_hybrid_replicas)
-    attach_shared_host(sc, [*standalone, *hybrid])
-    engine = build_train_engine(sc, on_batch)
-
-    from dynres.core import get_plugin_manager
-    from dynres.runtime.loop.run import FullyAsyncRun, RunSpec
-
-    def recorded(groups: Any) -> Any:
-        for g in groups:
-            admitted.append(g.sample_id)
-            yield g
-
-    spec = RunSpec(
-        config=cfg,
-        policy=pol,
-        standalone=standalone,
-        hybrid=hybrid,
-        train_engine=engine,
-        prompts=recorded(prompt_groups(sc, oracle)),
-        num_cycles=sc.steps,
-        progress=progress,
-        plugin_manager=get_plugin_manager(),
-        seed=sc.seed,
-        hybrid_gpus=sc.cluster.trainer_gpus,
-        standalone_gpus=sc.cluster.rollout_gpus,
-        # A simulated operation takes exactly its modelled time: a long fit step on the virtual
-        # clock is the scenario, not a hung engine, so no operation times out.
-        op_timeout_s=math.inf,
-        # Nor a stall watchdog: a long simulated fit step is not a stall, and a real deadlock
-        # leaves the virtual loop with no timer, which sim.loop reports by itself.
-        stall_timeout_s=None,
-    )
+    consumption = _Consumption(sc.workload.prompt_tokens, sc.workload.decode.prefill_cost)
+    cluster = _build_cluster(sc, consumption.on_batch)
+    spec = _run_spec(sc, cfg, pol, cluster, consumption.recorded(prompt_groups(sc, oracle)), progress)
     t0 = time.perf_counter()
     run = FullyAsyncRun(spec)
     report = run_virtual(run.run(), thread_grace_s=thread_grace_s)
     wall = time.perf_counter() - t0
     if report.stopped_early:
         raise ScenarioError(f"scenario {sc.name!r}: the simulated run stopped early: {report.stopped_early}")
+    ledger = SampleLedger(
+        admitted=consumption.admitted,
+        trained=consumption.trained,
+        left=held_sample_ids(run),
+        dropped=run.queue.dropped_ids,
+    )
+    return _result(sc, pol.name, report, cluster, consumption, wall, ledger)
 
-    bound_inputs = bound_inputs_for(sc, fit_steps, consumed_work, consumed_critical)
-    bound = lower_bound(bound_inputs)
-    naive = lower_bound_naive(bound_inputs)
-    replicas = [*standalone, *hybrid]
+
+def _result(
+    sc: Scenario,
+    policy: str,
+    report: RunReport,
+    cluster: _SimCluster,
+    consumption: _Consumption,
+    wall_s: float,
+    ledger: SampleLedger,
+) -> SimResult:
+    """The SimResult of a finished run: its report, both lower bounds and the simulator's counters."""
+    bound_inputs = bound_inputs_for(sc, consumption.fit_steps, consumption.work, consumption.critical)
+    replicas = cluster.replicas
     extra = {
         "replica_work_tokens": sum(r.work_done for r in replicas),
         "decode_tokens": sum(r.decode_tokens for r in replicas),
-        "consumed_work_tokens": sum(consumed_work),
-        "train_compute_s": engine.compute_s,
-        "train_tokens": engine.tokens,
+        "consumed_work_tokens": sum(consumption.work),
+        "train_compute_s": cluster.engine.compute_s,
+        "train_tokens": cluster.engine.tokens,
         "sleep_aborts": sum(r.sleep_aborts for r in replicas),
     }
-    ledger = SampleLedger(admitted=admitted, trained=trained, left=held_sample_ids(run), dropped=run.queue.dropped_ids)
     return SimResult(
         scenario=sc,
-        policy=pol.name,
+        policy=policy,
         report=report,
-        bound=bound,
-        naive_bound=naive,
-        wall_s=wall,
+        bound=lower_bound(bound_inputs),
+        naive_bound=lower_bound_naive(bound_inputs),
+        wall_s=wall_s,
         extra=extra,
         ledger=ledger,
     )
