@@ -1,32 +1,24 @@
-"""Fake backends: a replica and a train engine that only ``asyncio.sleep``.
+"""The fake replica: an in-process inference engine with vLLM-like lifecycle rules.
 
-Both work on a real and on a virtual-time event loop, take a configurable latency per
-operation, can be told to fail or hang on any operation, and append every operation to an op
-log (:class:`OpRecord`, with loop timestamps) so tests can assert the order of events across
-replicas and the trainer. They also record *violations*: calls that a real engine would reject
-or that would corrupt a run (generate on a sleeping replica, sleep with requests in flight,
-loading weights into a replica whose weights are offloaded, training while offloaded). Tests
-assert that no violation happened.
-
-A :class:`FakeReplica` produces ``tokens_per_s`` tokens per second per request. Token ``i`` of a
-response has id ``i``, so a response resumed after an abort ends with exactly the same tokens
-as one that was never interrupted: ``range(0, length)``.
+Each request in flight is a small state machine (:class:`_Gen`) driven by wake-ups from the
+replica's :class:`~dynres.runtime.backends.fake.timer.WakeupTimer` rather than a coroutine, so a
+request costs a future and a few fields, and a batch abort hands results back without waking
+any request. A request gains ``tokens_per_s`` tokens per second; token ``i`` of a response has
+id ``i``, so a response resumed after an abort ends with exactly the tokens of one that was
+never interrupted: ``range(0, length)``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import builtins
-import heapq
 import itertools
 import math
-import weakref
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Literal
 
 from dynres.core.errors import BackendError, ConfigError
+from dynres.runtime.backends.fake.faults import REPLICA_OPS, FaultsMixin, OpRecord, fault_map, latency_map
+from dynres.runtime.backends.fake.timer import TakeOutBudget, WakeupTimer
 from dynres.runtime.protocols import (
     FinishReason,
     GenerationRequest,
@@ -34,198 +26,9 @@ from dynres.runtime.protocols import (
     OperationCosts,
     ReplicaHealth,
     ReplicaKind,
-    TrainStepResult,
     WeightUpdate,
 )
 from dynres.runtime.samples import Repeat
-
-
-class _TakeOutBudget:
-    """Request ids that all fake replicas on one loop take out in ``abort_batch(ids)`` per iteration.
-
-    Taking a request out is the engine's work, done in its own process by a real engine; a fake
-    does it on the caller's loop. A budget per replica does not bound an iteration: 512 replicas
-    yielding every 16 ids stepped ~192 abort tasks per iteration (3.5-4 ms, several iterations
-    in a row, in a 512 + 512 rebalance), and 16 replicas taking 1,024 each at once held one
-    iteration 10-20 ms. One budget for the loop bounds it whatever the number of replicas, and
-    a replica waiting for its share is woken only when it gets one (FIFO).
-    """
-
-    PER_ITERATION = 1024
-    """Ids taken out per loop iteration by all fakes together (count; ~1-2 ms of CPU with each
-    one's token count; 2,048 held consecutive iterations at 5-6 ms once tokens were counted)."""
-
-    _by_loop: ClassVar[weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _TakeOutBudget]] = (
-        weakref.WeakKeyDictionary()
-    )
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self._left = self.PER_ITERATION
-        self._waiters: deque[tuple[int, asyncio.Future[int]]] = deque()
-        self._refill_scheduled = False
-
-    @classmethod
-    def of(cls, loop: asyncio.AbstractEventLoop) -> _TakeOutBudget:
-        """The budget of ``loop`` (created on first use)."""
-        budget = cls._by_loop.get(loop)
-        if budget is None:
-            budget = cls._by_loop[loop] = cls(loop)
-        return budget
-
-    async def take(self, want: int) -> int:
-        """How many of ``want`` ids (>= 1) the caller may take out now; waits for a later iteration if none."""
-        if self._left > 0 and not self._waiters:
-            n = min(want, self._left)
-            self._left -= n
-            self._schedule_refill()
-            return n
-        fut: asyncio.Future[int] = self._loop.create_future()
-        self._waiters.append((want, fut))
-        self._schedule_refill()
-        return await fut
-
-    def _schedule_refill(self) -> None:
-        if not self._refill_scheduled:
-            self._refill_scheduled = True
-            self._loop.call_soon(self._refill)
-
-    def _refill(self) -> None:
-        # Next iteration: a fresh budget, granted to the waiters in order.
-        self._refill_scheduled = False
-        self._left = self.PER_ITERATION
-        waiters = self._waiters
-        while waiters and self._left > 0:
-            want, fut = waiters.popleft()
-            if fut.done():  # its abort was cancelled
-                continue
-            n = min(want, self._left)
-            self._left -= n
-            fut.set_result(n)
-        if waiters or self._left < self.PER_ITERATION:
-            self._schedule_refill()
-
-
-REPLICA_OPS: tuple[str, ...] = (
-    "generate",
-    "abort",
-    "pause",
-    "resume",
-    "sleep",
-    "wake_up",
-    "update_weights",
-    "health",
-    "shutdown",
-)
-"""Operations of a fake replica that accept a latency, a failure or a hang."""
-
-TRAIN_OPS: tuple[str, ...] = ("train_step", "offload", "onload", "export_weights", "shutdown")
-"""Operations of a fake train engine that accept a latency, a failure or a hang."""
-
-
-@dataclass(frozen=True)
-class OpRecord:
-    """One entry of an op log."""
-
-    t: float
-    """Event-loop time of the event (seconds)."""
-    target: str
-    """Replica id, or ``"trainer"``."""
-    op: str
-    """Operation name (``generate``, ``abort``, ``sleep``, ...)."""
-    event: Literal["start", "end", "error"]
-    """Start of the call, its normal end, or its end by an exception."""
-    detail: str = ""
-    """Free text: request id, tags, version, error."""
-
-
-def _latency_map(latency: float | Mapping[str, float], ops: Sequence[str]) -> dict[str, float]:
-    if isinstance(latency, Mapping):
-        unknown = set(latency) - set(ops)
-        if unknown:
-            raise ConfigError(f"unknown op(s) {sorted(unknown)} in latency; valid: {list(ops)}")
-        out = {op: float(latency.get(op, 0.0)) for op in ops}
-    else:
-        out = {op: float(latency) for op in ops}
-    bad = {op: v for op, v in out.items() if not (0.0 <= v < math.inf)}
-    if bad:
-        raise ConfigError(f"latency must be finite seconds >= 0; got {bad}")
-    return out
-
-
-def _fault_map(
-    fail_on: Mapping[str, BaseException | type[BaseException]] | None, hang_on: Iterable[str], ops: Sequence[str]
-) -> tuple[dict[str, BaseException | type[BaseException]], set[str]]:
-    """Check injected faults: known ops, and each failure an exception class or instance."""
-    fail = dict(fail_on or {})
-    hang = set(hang_on)
-    unknown = (set(fail) | hang) - set(ops)
-    if unknown:
-        raise ConfigError(f"unknown op(s) {sorted(unknown)} in fail_on/hang_on; valid: {list(ops)}")
-    for op, err in list(fail.items()):
-        if isinstance(err, str):  # from a YAML file: the name of a builtin exception or BackendError
-            named = BackendError if err == "BackendError" else getattr(builtins, err, None)
-            if not (isinstance(named, type) and issubclass(named, BaseException)):
-                raise ConfigError(
-                    f"fail_on[{op!r}] names no exception {err!r}; use a builtin one (e.g. RuntimeError) or BackendError"
-                )
-            fail[op] = err = named
-        ok = isinstance(err, BaseException) or (isinstance(err, type) and issubclass(err, BaseException))
-        if not ok:
-            raise ConfigError(f"fail_on[{op!r}] is {err!r}; give an exception class or instance (e.g. RuntimeError)")
-    return fail, hang
-
-
-class _FaultsMixin:
-    """Latency, failure and hang injection shared by both fakes."""
-
-    target: str
-    latency: dict[str, float]
-    fail_on: dict[str, BaseException | type[BaseException]]
-    hang_on: set[str]
-    log: list[OpRecord]
-    violations: list[str]
-
-    def _record(
-        self,
-        op: str,
-        event: Literal["start", "end", "error"],
-        detail: str = "",
-        loop: asyncio.AbstractEventLoop | None = None,
-    ) -> None:
-        # ``loop``: for events driven from outside a running loop (a test's advance()/finish()).
-        t = (loop or asyncio.get_running_loop()).time()
-        self.log.append(OpRecord(t, self.target, op, event, detail))
-
-    async def _enter(self, op: str, detail: str = "") -> None:
-        """Log the start, then apply the injected hang, failure and latency of ``op``."""
-        self._record(op, "start", detail)
-        await self._inject(op)
-        delay = self.latency.get(op, 0.0)
-        if delay > 0:
-            await asyncio.sleep(delay)
-
-    async def _inject(self, op: str) -> None:
-        """Apply the injected hang, then the injected failure, of ``op``."""
-        if op in self.hang_on:
-            try:
-                await asyncio.Event().wait()  # forever; a caller's timeout cancels it
-            except asyncio.CancelledError:
-                self._record(op, "error", "cancelled while hanging")
-                raise
-        err = self.fail_on.get(op)
-        if err is not None:
-            exc = err(f"injected failure of {op} on {self.target}") if isinstance(err, type) else err
-            self._record(op, "error", repr(exc))
-            raise exc
-
-    def ops(self, op: str | None = None, event: str | None = "start") -> list[OpRecord]:
-        """This fake's log entries, filtered by operation and event (None = any)."""
-        return [
-            r
-            for r in self.log
-            if r.target == self.target and (op is None or r.op == op) and (event is None or r.event == event)
-        ]
 
 
 class _GenFuture(asyncio.Future):
@@ -304,7 +107,7 @@ class _Gen:
         self.t0 = now
         # The wake-up is left to come even when something else wakes the request first
         # (an abort, a pause): a stale one only re-evaluates the request early.
-        r._wake_at(loop, now + self.remaining_s, self)
+        r._wakeups.wake_at(loop, now + self.remaining_s, self)
 
     def end(self, outcome: GenerationResult | BaseException | None) -> None:
         """Leave the replica with ``outcome`` (None: the future was cancelled)."""
@@ -349,7 +152,14 @@ class _AbortedBatch(Sequence[GenerationResult]):
         return self._replica._result(g, "abort", g.produced_at(self._at))
 
 
-class FakeReplica(_FaultsMixin):
+def _checked_rate(replica_id: str, tokens_per_s: float) -> float:
+    """``tokens_per_s`` as a float; a rate that is not positive and finite is a ConfigError."""
+    if not (0.0 < float(tokens_per_s) < math.inf):
+        raise ConfigError(f"FakeReplica {replica_id!r}: tokens_per_s must be > 0 and finite, got {tokens_per_s!r}")
+    return float(tokens_per_s)
+
+
+class FakeReplica(FaultsMixin):
     """An in-process inference replica with vLLM-like lifecycle rules, for tests and benchmarks."""
 
     def __init__(
@@ -395,15 +205,13 @@ class FakeReplica(_FaultsMixin):
         self.kind = ReplicaKind(kind)
         """Standalone (own GPUs, always on) or hybrid (shares the trainer's slot; starts asleep)."""
         self.target = replica_id
-        self.latency = _latency_map(latency, REPLICA_OPS)
+        self.latency = latency_map(latency, REPLICA_OPS)
         """Seconds per operation."""
-        if not (0.0 < float(tokens_per_s) < math.inf):
-            raise ConfigError(f"FakeReplica {replica_id!r}: tokens_per_s must be > 0 and finite, got {tokens_per_s!r}")
-        self.tokens_per_s = float(tokens_per_s)
+        self.tokens_per_s = _checked_rate(replica_id, tokens_per_s)
         """Tokens per second per request."""
         self.response_tokens = response_tokens
         """Default response length (tokens) or a function of the request."""
-        fail, hang = _fault_map(fail_on, hang_on, REPLICA_OPS)
+        fail, hang = fault_map(fail_on, hang_on, REPLICA_OPS)
         self.fail_on = fail
         """op -> exception raised at the start of that op (mutable during a test)."""
         self.hang_on = hang
@@ -421,9 +229,12 @@ class FakeReplica(_FaultsMixin):
         """Every call's start and end, in order (shared between fakes to order calls across them)."""
         self.log_generate = log_generate
         """Log generate calls too (off in benchmarks, where they would dominate the log)."""
+        self._init_state(self.kind is ReplicaKind.HYBRID if asleep is None else asleep)
+
+    def _init_state(self, start_asleep: bool) -> None:
+        """The state of a new replica: lifecycle, counters, requests in flight (none yet)."""
         self.violations: list[str] = []
         """Lifecycle rules broken by the caller (must stay empty)."""
-        start_asleep = self.kind is ReplicaKind.HYBRID if asleep is None else asleep
         self.weights_loaded = not start_asleep
         """Weights are on the GPU."""
         self.kv_cache_allocated = not start_asleep
@@ -442,15 +253,7 @@ class FakeReplica(_FaultsMixin):
         """Response tokens generated here, added when a request finishes or is aborted (tokens)."""
         self._gens: dict[str, _Gen] = {}
         self._death_armed = False
-        # Requests' wake-ups: a heap of (loop time, order, request) behind one loop timer per
-        # replica. The replica stands in for an engine in another process; a timer per request
-        # would put 100,000 entries into the coordinator loop's own timer heap, whose every push
-        # and pop (the runtime's timeouts and sleeps included) then costs ~17 Python-level
-        # comparisons with cache misses.
-        self._wakeups: list[tuple[float, int, _Gen]] = []
-        self._wakeup_order = 0
-        self._timer: asyncio.TimerHandle | None = None
-        self._timer_at = math.inf
+        self._wakeups = WakeupTimer()
 
     # ---- Convenience --------------------------------------------------------------------
 
@@ -481,26 +284,6 @@ class FakeReplica(_FaultsMixin):
         g = self._gens[request_id]
         g.progress = float(g.target)
         g.wake()
-
-    def _wake_at(self, loop: asyncio.AbstractEventLoop, when: float, gen: _Gen) -> None:
-        """Wake ``gen`` at loop time ``when`` (through this replica's one timer)."""
-        self._wakeup_order += 1
-        heapq.heappush(self._wakeups, (when, self._wakeup_order, gen))
-        if when < self._timer_at:
-            if self._timer is not None:
-                self._timer.cancel()
-            self._timer_at = when
-            self._timer = loop.call_at(when, self._fire, loop)
-
-    def _fire(self, loop: asyncio.AbstractEventLoop) -> None:
-        due = max(loop.time(), self._timer_at)  # the loop runs a timer up to a clock tick early
-        self._timer, self._timer_at = None, math.inf
-        wakeups = self._wakeups
-        while wakeups and wakeups[0][0] <= due:
-            heapq.heappop(wakeups)[2].wake()
-        if wakeups and self._timer is None:
-            self._timer_at = wakeups[0][0]
-            self._timer = loop.call_at(self._timer_at, self._fire, loop)
 
     def _target_len(self, req: GenerationRequest) -> int:
         n = req.extra.get("response_tokens")
@@ -564,7 +347,7 @@ class FakeReplica(_FaultsMixin):
         self._gens[rid] = gen
         delay = self.latency["generate"]
         if delay > 0:
-            self._wake_at(loop, loop.time() + delay, gen)  # the first token comes after the latency
+            self._wakeups.wake_at(loop, loop.time() + delay, gen)  # the first token comes after the latency
         else:
             gen.wake()
         return fut
@@ -611,17 +394,17 @@ class FakeReplica(_FaultsMixin):
         at = asyncio.get_running_loop().time()
         # A real engine takes the requests out in its own process; here that work runs on the
         # caller's loop, so all fakes on a loop share one budget of ids per iteration (see
-        # _TakeOutBudget) and a waiting replica costs nothing until its turn.
+        # TakeOutBudget) and a waiting replica costs nothing until its turn.
         ids = list(self._gens) if request_ids is None else list(request_ids)
-        budget = _TakeOutBudget.of(asyncio.get_running_loop())
+        budget = TakeOutBudget.of(asyncio.get_running_loop())
         pop = self._gens.pop
         gens: list[_Gen] = []
         i = 0
         while i < len(ids):
             n = await budget.take(len(ids) - i)
             chunk = [g for g in map(pop, ids[i : i + n], itertools.repeat(None)) if g is not None]
-            # Counted chunk by chunk, inside the budget: one sum over 50,000 requests in one
-            # iteration held the loop ~70 ms at 100,000 in flight.
+            # Counted chunk by chunk, inside the budget: one sum over a whole large batch would
+            # hold a single loop iteration for as long as the budget exists to prevent.
             self._count_taken_out(chunk, at)
             gens.extend(chunk)
             i += n
@@ -721,189 +504,3 @@ class FakeReplica(_FaultsMixin):
             g.aborted = True
             g.wake()
         self._record("shutdown", "end")
-
-
-class FakeTrainEngine(_FaultsMixin):
-    """An in-process train engine: fit steps take the configured phase times."""
-
-    def __init__(
-        self,
-        *,
-        phase_times: Mapping[str, float] | None = None,
-        per_sample_s: float = 0.0,
-        latency: float | Mapping[str, float] = 0.0,
-        fail_on: Mapping[str, BaseException | type[BaseException]] | None = None,
-        hang_on: Iterable[str] = (),
-        log: list[OpRecord] | None = None,
-        weights_nbytes: int = 0,
-    ) -> None:
-        """Build a train engine.
-
-        :param phase_times: seconds per phase of one fit step (default ``update_actor``: 1.0);
-            a fit step sleeps for their sum.
-        :param per_sample_s: extra ``update_actor`` seconds per sample in the batch.
-        :param latency: seconds for ``offload``, ``onload``, ``export_weights`` (one number or
-            a mapping); ``train_step`` uses ``phase_times`` instead.
-        :param fail_on: op -> exception raised at the start of that op.
-        :param hang_on: ops that never return (until cancelled).
-        :param log: op log to append to.
-        :param weights_nbytes: size reported by exported weight updates (bytes).
-        """
-        self.target = "trainer"
-        self.phase_times = dict(phase_times if phase_times is not None else {"update_actor": 1.0})
-        """Seconds per phase of one fit step."""
-        self.per_sample_s = per_sample_s
-        """Extra update_actor seconds per sample (seconds/sample)."""
-        self.latency = _latency_map(latency, TRAIN_OPS)
-        """Seconds per operation."""
-        self.latency["train_step"] = 0.0
-        fail, hang = _fault_map(fail_on, hang_on, TRAIN_OPS)
-        self.fail_on = fail
-        """op -> exception raised at the start of that op."""
-        self.hang_on = hang
-        """Ops that never return."""
-        self.log: list[OpRecord] = log if log is not None else []
-        """Every call's start and end, in order (shared between fakes to order calls across them)."""
-        self.violations: list[str] = []
-        """Lifecycle rules broken by the caller (must stay empty)."""
-        self.offloaded = False
-        """Parameters and optimizer state are off the GPU."""
-        self.steps = 0
-        """Fit steps run (count)."""
-        self.exports = 0
-        """Weight exports (count)."""
-        self.batches: list[list[Any]] = []
-        """Every batch trained on, in order."""
-        self.weights_nbytes = weights_nbytes
-
-    async def train_step(self, batch: Sequence[Any]) -> TrainStepResult:
-        """Sleep for the phase times and report them."""
-        await self._enter("train_step", f"{len(batch)} samples")
-        if self.offloaded:
-            self.violations.append(f"train_step {self.steps + 1} while offloaded")
-        phases = dict(self.phase_times)
-        if self.per_sample_s:
-            phases["update_actor"] = phases.get("update_actor", 0.0) + self.per_sample_s * len(batch)
-        total = sum(phases.values())
-        if total > 0:
-            await asyncio.sleep(total)
-        self.steps += 1
-        self.batches.append(list(batch))
-        self._record("train_step", "end", f"step={self.steps}")
-        return TrainStepResult(phase_times=phases, metrics={"samples": float(len(batch))})
-
-    async def offload(self) -> None:
-        """Free the GPU for hybrid replicas."""
-        await self._enter("offload")
-        self.offloaded = True
-        self._record("offload", "end")
-
-    async def onload(self) -> None:
-        """Take the GPU back."""
-        await self._enter("onload")
-        self.offloaded = False
-        self._record("onload", "end")
-
-    async def export_weights(self) -> WeightUpdate:
-        """Export the current weights (version = exports so far + 1)."""
-        await self._enter("export_weights")
-        self.exports += 1
-        self._record("export_weights", "end", f"version={self.exports}")
-        return WeightUpdate(version=self.exports, nbytes=self.weights_nbytes)
-
-    def costs(self) -> OperationCosts:
-        """The configured latencies as cost estimates (seconds)."""
-        lat = self.latency
-        return OperationCosts(offload_s=lat["offload"], onload_s=lat["onload"], export_weights_s=lat["export_weights"])
-
-    async def shutdown(self) -> None:
-        """Nothing to release."""
-        await self._enter("shutdown")
-        self._record("shutdown", "end")
-
-
-def fake_prompts(
-    count: int | None = None,
-    *,
-    n: int = 1,
-    prompt_tokens: int = 16,
-    max_tokens: int = 1024,
-    response_tokens: int | Callable[[int], int] | None = None,
-    prefix: str = "p",
-) -> Iterator[Any]:
-    """Yield PromptGroups ``p0, p1, ...`` (endless when ``count`` is None).
-
-    :param count: groups to yield (None = endless).
-    :param n: responses per group (count).
-    :param prompt_tokens: prompt length (tokens).
-    :param max_tokens: response token limit (tokens).
-    :param response_tokens: response length for fakes (tokens), or a function of the group
-        index; None lets each FakeReplica use its own default.
-    :param prefix: sample id prefix.
-    """
-    from itertools import count as _count
-
-    from dynres.runtime.samples import PromptGroup
-
-    indices = _count() if count is None else range(count)
-    for i in indices:
-        extra: dict[str, Any] = {}
-        if response_tokens is not None:
-            extra["response_tokens"] = response_tokens(i) if callable(response_tokens) else response_tokens
-        yield PromptGroup(
-            sample_id=f"{prefix}{i}",
-            prompt_token_ids=range(prompt_tokens),
-            n=n,
-            max_tokens=max_tokens,
-            extra=extra,
-        )
-
-
-class FakeCluster:
-    """Standalone and hybrid fake replicas plus a fake trainer sharing one op log."""
-
-    def __init__(
-        self,
-        n_standalone: int = 2,
-        n_hybrid: int = 2,
-        *,
-        tokens_per_s: float = 2000.0,
-        response_tokens: int | Callable[[GenerationRequest], int] = 20,
-        latency: float | Mapping[str, float] = 0.0,
-        phase_times: Mapping[str, float] | None = None,
-        train_latency: float | Mapping[str, float] = 0.0,
-        log_generate: bool = True,
-    ) -> None:
-        """Build ``n_standalone`` standalone (``s0``...) and ``n_hybrid`` hybrid (``h0``...) replicas.
-
-        Replica arguments (tokens/s, response tokens, latency in seconds) apply to all replicas;
-        ``phase_times`` (seconds per phase) and ``train_latency`` (seconds) to the trainer.
-        """
-        self.log: list[OpRecord] = []
-        """Calls of every replica and the trainer in one list, in the order they happened."""
-        kw: dict[str, Any] = {
-            "tokens_per_s": tokens_per_s,
-            "response_tokens": response_tokens,
-            "latency": latency,
-            "log": self.log,
-            "log_generate": log_generate,
-        }
-        self.standalone = [FakeReplica(f"s{i}", ReplicaKind.STANDALONE, **kw) for i in range(n_standalone)]
-        """Replicas on their own GPUs (``s0``...), awake from the start."""
-        self.hybrid = [FakeReplica(f"h{i}", ReplicaKind.HYBRID, **kw) for i in range(n_hybrid)]
-        """Replicas on the trainer's GPUs (``h0``...), asleep until the controller activates them."""
-        self.engine = FakeTrainEngine(
-            phase_times=phase_times if phase_times is not None else {"update_actor": 0.005},
-            latency=train_latency,
-            log=self.log,
-        )
-        """The fake train engine, logging into the same op log as the replicas."""
-
-    @property
-    def replicas(self) -> list[FakeReplica]:
-        """All replicas, standalone first."""
-        return [*self.standalone, *self.hybrid]
-
-    def violations(self) -> list[str]:
-        """Every lifecycle violation recorded by any fake (must be empty)."""
-        return [v for r in self.replicas for v in r.violations] + self.engine.violations
