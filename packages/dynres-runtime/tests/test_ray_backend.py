@@ -9,6 +9,8 @@ import pytest
 
 pytest.importorskip("ray")
 
+from ray_sessions import local_ray
+
 from dynres.core.config import load_config
 from dynres.core.errors import BackendError, ConfigError, MissingExtraError
 from dynres.runtime.backends.ray import (
@@ -18,7 +20,6 @@ from dynres.runtime.backends.ray import (
     RayReplica,
     RayTrainEngine,
 )
-from dynres.runtime.backends.ray.testing import local_ray
 from dynres.runtime.protocols import (
     GenerationRequest,
     Replica,

@@ -15,10 +15,11 @@ import pytest
 
 pytest.importorskip("ray")
 
+from ray_sessions import local_ray
+
 from dynres.runtime.backends.ray import Factory, RayCluster, RayReplica
 from dynres.runtime.backends.ray.cluster import driver_node_id
 from dynres.runtime.backends.ray.monitor import LoopLag
-from dynres.runtime.backends.ray.testing import local_ray
 from dynres.runtime.realrun import load_run_config
 from dynres.runtime.realrun.on_ray import CoordinatorActor
 

@@ -15,9 +15,10 @@ import pytest
 
 pytest.importorskip("ray")
 
+from ray_sessions import multi_node_cluster
+
 from dynres.runtime.backends.ray import Factory, RayCluster
 from dynres.runtime.backends.ray.cluster import driver_node_id
-from dynres.runtime.backends.ray.testing import multi_node_cluster
 from dynres.runtime.realrun import load_run_config
 from dynres.runtime.realrun.on_ray import CoordinatorActor
 

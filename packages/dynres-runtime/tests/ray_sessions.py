@@ -2,6 +2,9 @@
 
 Each session lives in its own short directory under ``/tmp`` (Unix socket paths are limited to
 107 bytes) that is deleted afterwards, so parallel test runs never share or leave ``/tmp/ray``.
+
+A helper of the runtime's tests (``from ray_sessions import local_ray``), not part of the
+runtime: only tests start throw-away clusters, so the wheel does not ship it.
 """
 
 from __future__ import annotations
