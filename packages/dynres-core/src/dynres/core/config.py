@@ -400,6 +400,23 @@ def parse_set_items(items: Sequence[str]) -> dict[str, Any]:
     return dict(parse_set_item(item) for item in items)
 
 
+def shorthand_overrides(sets: Mapping[str, Any], shorthands: Sequence[tuple[str, str, Any]]) -> dict[str, Any]:
+    """The shorthand flags that were given, as ``{dotted key: value}``; each is ``(flag, key, value or None)``.
+
+    A shorthand (``--seed``, ``--policy``, ``--steps``) is another spelling of ``--set KEY=...``;
+    given together with ``--set`` for the same key, neither may silently win, so that raises
+    ConfigError naming both spellings.
+    """
+    given: dict[str, Any] = {}
+    for flag, key, value in shorthands:
+        if value is None:
+            continue
+        if key in sets:
+            raise ConfigError(f"{flag} and --set {key}=... both set {key}; give only one of them")
+        given[key] = value
+    return given
+
+
 def set_dotted(data: dict[str, Any], dotted_key: str, value: Any) -> None:
     """Set ``a.b.c = value`` in nested dicts, creating sections on the way; ConfigError on a bad key."""
     parts = dotted_key.split(".")
