@@ -13,7 +13,6 @@ from typing import Any
 
 import click
 
-from dynres.core.errors import ConfigError, ScenarioError
 from dynres.runtime.cli.output import (
     STDOUT,
     complete_policies,
@@ -48,20 +47,14 @@ def _list_presets(json_dest: str | None) -> None:
     human_console(json_dest).print(table)
 
 
-def _vs_first(results: list[Any]) -> list[float]:
-    """Each run's relative difference in end-to-end time from run #1 (fraction; run #1: 0)."""
-    from dynres.runtime.sim.runner import relative_difference
-
-    first = results[0].end_to_end_s
-    return [relative_difference(r.end_to_end_s, first) for r in results]
-
-
 def _summary_tables(results: list[Any]) -> tuple[Any, Any]:
     """Two tables that each fit in 80 columns: end-to-end times, then utilizations and switching."""
     from rich import box
     from rich.table import Table
 
-    vs = _vs_first(results)
+    from dynres.runtime.sim.comparison import vs_first
+
+    vs = vs_first(results)
     style: dict[str, Any] = {
         "box": box.SIMPLE_HEAD,
         "title_justify": "left",
@@ -98,10 +91,10 @@ def _summary_tables(results: list[Any]) -> tuple[Any, Any]:
     return times, util
 
 
-def _comparison_lines(results: list[Any]) -> list[str]:
+def _comparison_lines(comparison: Any) -> list[str]:
     """One line per run after the first: how much longer or shorter it is than run #1 (same % as the table)."""
     lines = []
-    for i, (r, d) in enumerate(zip(results, _vs_first(results), strict=True), start=1):
+    for i, (r, d) in enumerate(zip(comparison.results, comparison.vs_first, strict=True), start=1):
         if i == 1 or math.isnan(d):
             continue
         how = f"{abs(d) * 100:.1f}% {'longer' if d > 0 else 'shorter'} than" if d else "as long as"
@@ -109,111 +102,76 @@ def _comparison_lines(results: list[Any]) -> list[str]:
     return lines
 
 
-def _over_seeds(scenarios: list[Any], runs: list[Any], first: list[Any], n: int) -> dict[str, dict[str, Any]]:
-    """Each scenario again with seeds seed+1 .. seed+n-1: mean, min, max, spread of end-to-end."""
-    from dynres.runtime.sim.runner import build_policy, simulate
-
-    out: dict[str, dict[str, Any]] = {}
-    for sc, (_, pol), r0 in zip(scenarios, runs, first, strict=True):
-        # Keyed by the run's label: --compare-policy runs share a scenario name.
-        seeds = [sc.seed + k for k in range(n)]
-        rs = [r0] + [simulate(sc.model_copy(update={"seed": s}), policy=build_policy(sc, pol)) for s in seeds[1:]]
-        e2e = [r.end_to_end_s for r in rs]
-        mean = sum(e2e) / n
-        out[r0.label] = {
-            "seeds": seeds,
-            "end_to_end_s": e2e,
-            "mean_s": mean,
-            "min_s": min(e2e),
-            "max_s": max(e2e),
-            "spread": (max(e2e) - min(e2e)) / mean if mean > 0 else 0.0,
-            "lower_bound_mean_s": sum(r.lower_bound_s for r in rs) / n,
-        }
-    return out
+def _seed_lines(comparison: Any) -> list[str]:
+    """One line per run with its end-to-end time over seeds (none with one seed per run)."""
+    return [
+        f"{label}: end-to-end over seeds {row['seeds'][0]}..{row['seeds'][-1]}: "
+        f"mean {_fmt(row['mean_s'] / 3600, 3)} h, min {_fmt(row['min_s'] / 3600, 3)} h, "
+        f"max {_fmt(row['max_s'] / 3600, 3)} h (spread {row['spread'] * 100:.1f}%), "
+        f"lower bound mean {_fmt(row['lower_bound_mean_s'] / 3600, 3)} h"
+        for label, row in comparison.over_seeds.items()
+    ]
 
 
-def _payload(results: list[Any]) -> Any:
-    """The JSON: one run's object, or ``{"runs": [...], "vs_first": {label: fraction}}``."""
-    if len(results) == 1:
-        return results[0].to_dict()
-    vs = _vs_first(results)
-    runs = []
-    for r, d in zip(results, vs, strict=True):
-        run = r.to_dict()
-        run["vs_first"] = None if math.isnan(d) else d
-        runs.append(run)
-    return {"runs": runs, "vs_first": {run["label"]: run["vs_first"] for run in runs[1:]}}
+def _progress_observer(err: Any, progress: Any) -> Any:
+    """A PlanObserver that moves one rich progress bar per run and warns on stderr about policy fallbacks."""
+    from dynres.runtime.sim.comparison import PlanObserver
 
+    class Bars(PlanObserver):
+        def __init__(self) -> None:
+            self.tasks: dict[int, Any] = {}
 
-def _plot_dirs(results: list[Any]) -> list[str]:
-    """A folder name per run, ``scenario.policy``, made unique with ``-2``, ``-3`` ... (no brackets for shells)."""
-    used: set[str] = set()
-    names = []
-    for r in results:
-        base = f"{r.scenario.name or 'run'}.{r.policy}"
-        name, n = base, 1
-        while name in used:
-            n += 1
-            name = f"{base}-{n}"
-        used.add(name)
-        names.append(name)
-    return names
-
-
-def _write_plots(out: str, results: list[Any]) -> list[Path]:
-    from dynres.runtime.plots import write_comparison_plots, write_plots
-
-    def one(r: Any, where: str | Path, label: str) -> list[Path]:
-        return write_plots(
-            r.report, where, title=label, queue_cap=r.queue_cap, hybrid_replicas=r.scenario.num_hybrid_replicas
-        )
-
-    if len(results) == 1:
-        return one(results[0], out, results[0].label)
-    paths: list[Path] = []
-    labels = _labels(results)
-    for r, folder, label in zip(results, _plot_dirs(results), labels, strict=True):
-        paths += one(r, Path(out) / folder, label)
-    paths += write_comparison_plots(
-        dict(zip(labels, (r.report for r in results), strict=True)),
-        out,
-        queue_caps={lab: r.queue_cap for lab, r in zip(labels, results, strict=True)},
-    )
-    return paths
-
-
-def _labels(results: list[Any]) -> list[str]:
-    """Run labels for legends; a label used twice gets its run number (``#3 x[p]``) so lines stay apart."""
-    plain = [r.label for r in results]
-    return [f"#{i} {lab}" if plain.count(lab) > 1 else lab for i, lab in enumerate(plain, start=1)]
-
-
-def _config_overrides(path: str, strict: bool) -> dict[str, Any]:
-    """The scenario keys that config file ``path`` sets; verl-only keys dropped (and named) unless strict."""
-    from dynres.core.config import DynresConfig, drop_verl_only_keys, ignored_verl_keys_line, read_yaml, validate_model
-    from dynres.runtime.sim.scenario import config_overrides
-
-    data = read_yaml(path)
-    if not strict:
-        data, removed = drop_verl_only_keys(data, DynresConfig)
-        if removed:
-            click.echo(ignored_verl_keys_line(removed, path), err=True)
-    return config_overrides(validate_model(DynresConfig, data, path))
-
-
-def _run_sets(items: tuple[tuple[str, str], ...], count: int) -> dict[int, dict[str, Any]]:
-    """``--set-run N KEY=VALUE`` items as {run index (0-based): overrides}; bad run numbers fail here."""
-    from dynres.core.config import parse_set_items
-
-    by_run: dict[int, list[str]] = {}
-    for run, item in items:
-        if not run.isdigit() or not 1 <= int(run) <= count:
-            raise ConfigError(
-                f"--set-run {run} {item}: no run #{run}; runs are numbered 1..{count} in the order "
-                "main run, --compare-policy runs, --compare runs (the table's # column)"
+        def run_started(self, run: Any) -> None:
+            self.tasks[run.number] = progress.add_task(
+                f"#{run.number} {run.label}", total=run.scenario.steps, sim_h="0.00 h"
             )
-        by_run.setdefault(int(run) - 1, []).append(item)
-    return {i: parse_set_items(tuple(v)) for i, v in by_run.items()}
+
+        def cycle_done(self, run: Any, cycle: Any) -> None:
+            progress.update(self.tasks[run.number], advance=1, sim_h=f"{cycle.end_s / 3600:.2f} h")
+
+        def run_done(self, run: Any, result: Any) -> None:
+            if result.report.policy_fallbacks:
+                err.print(
+                    f"[yellow]warning:[/] #{run.number} {run.label}: policy {result.policy!r} fell back to the "
+                    f"safe decision {result.report.policy_fallbacks} time(s) (raised, timed out or "
+                    "returned a wrong type); see the JSON report's decisions"
+                )
+
+    return Bars()
+
+
+def _simulate_with_progress(plan: Any, *, quiet: bool) -> Any:
+    """Simulate ``plan`` with a progress bar per run on stderr (when it is a terminal and not quiet)."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from dynres.runtime.sim.comparison import simulate_plan
+
+    err = Console(stderr=True)
+    with Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("steps, {task.fields[sim_h]} simulated"),
+        TimeElapsedColumn(),
+        console=err,
+        disable=quiet or not err.is_terminal,
+        transient=False,
+    ) as progress:
+        return simulate_plan(plan, _progress_observer(err, progress))
+
+
+def _check_outputs(json_dest: str | None, plot_dir: str | None) -> None:
+    """Fail before any work when the JSON file or the plot folder cannot be written."""
+    from dynres.runtime.cli.paths import check_output_dir, check_output_file
+
+    if json_dest not in (None, STDOUT):
+        check_output_file(Path(json_dest), "--json")
+    if plot_dir:
+        from dynres.runtime.plots import require_matplotlib
+
+        check_output_dir(Path(plot_dir), "--plot", create=False)
+        require_matplotlib()  # before any work: one line naming the [plot] extra
 
 
 @click.command(
@@ -318,113 +276,46 @@ def command(
         raise click.UsageError("give exactly one of SCENARIO or --preset NAME (see --list-presets)")
     if seed is not None and seed < 0:
         raise click.BadParameter("must be >= 0", param_hint="--seed")
-
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from dynres.core.config import parse_set_items
-    from dynres.runtime.cli.paths import check_output_dir, check_output_file
-    from dynres.runtime.sim import presets
-    from dynres.runtime.sim.runner import build_policy, run_label, simulate
-    from dynres.runtime.sim.scenario import load_scenario
-
-    overrides = parse_set_items(sets)
     if strict and not config_file:
         raise click.UsageError("--strict applies to --config FILE; give both or neither")
-    base = _config_overrides(config_file, strict) if config_file else {}
-    for flag, key, value in (
-        ("--seed", "seed", seed),
-        ("--policy", "async_training.dynamic_schedule_policy", policy),
-    ):
-        if value is not None and key in overrides:
-            raise ConfigError(f"{flag} and --set {key}=... both set {key}; give only one of them")
-    if json_dest not in (None, STDOUT):
-        check_output_file(Path(json_dest), "--json")
-    if plot_dir:
-        check_output_dir(Path(plot_dir), "--plot", create=False)
-    main_source = preset if preset else scenario
-    assert main_source is not None
-    if preset and not presets.is_preset(preset):
-        presets.preset_raw(preset)  # raises the unknown-preset error with a did-you-mean
-    runs: list[tuple[str, str | None]] = [
-        (main_source, policy),
-        *((main_source, p) for p in compare_policies),
-        *((c, None) for c in compare),
-    ]
-    per_run = _run_sets(run_sets, len(runs))
-    if plot_dir:
-        from dynres.runtime.plots import require_matplotlib
+    _check_outputs(json_dest, plot_dir)
 
-        require_matplotlib()  # before any work: one line naming the [plot] extra
-    # Validate every scenario and policy before simulating any, so a typo in the last run fails fast.
-    scenarios = [
-        load_scenario(src, overrides={**base, **overrides, **per_run.get(i, {})}) for i, (src, _) in enumerate(runs)
-    ]
-    if seed is not None:
-        scenarios = [s.model_copy(update={"seed": seed}) for s in scenarios]
-    if policy and not scenarios[0].async_training.use_dynamic_resource_scheduling:
-        chosen = build_policy(scenarios[0], policy).name
-        if chosen != "static_fully_async":
-            raise ScenarioError(
-                f"--policy {policy}: scenario {scenarios[0].name!r} has "
-                "async_training.use_dynamic_resource_scheduling: false, so it has no hybrid "
-                f"replicas and {chosen!r} would run exactly like static_fully_async; add --set "
-                "async_training.use_dynamic_resource_scheduling=true"
-            )
-    policies = [build_policy(sc, pol) for sc, (_, pol) in zip(scenarios, runs, strict=True)]
+    from dynres.runtime.sim.plan import plan_simulations
 
-    err = Console(stderr=True)
+    source = preset or scenario
+    assert source is not None
+    plan = plan_simulations(
+        source,
+        is_preset=bool(preset),
+        policy=policy,
+        compare_policies=compare_policies,
+        compare=compare,
+        sets=sets,
+        run_sets=run_sets,
+        config_file=config_file,
+        strict=strict,
+        seed=seed,
+        seeds=n_seeds,
+        on_ignored=lambda line: click.echo(line, err=True),
+    )
+    _print_comparison(_simulate_with_progress(plan, quiet=quiet), json_dest, plot_dir)
+
+
+def _print_comparison(comparison: Any, json_dest: str | None, plot_dir: str | None) -> None:
+    """The tables and summary lines, then the JSON (``--json``) and the plots (``--plot``)."""
+    from dynres.runtime.sim.comparison import plot_comparison
+
     out = human_console(json_dest)
-    results = []
-    show = not quiet and err.is_terminal
-    with Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("steps, {task.fields[sim_h]} simulated"),
-        TimeElapsedColumn(),
-        console=err,
-        disable=not show,
-        transient=False,
-    ) as progress:
-        for i, (sc, pol) in enumerate(zip(scenarios, policies, strict=True), start=1):
-            label = run_label(sc.name, pol.name)
-            task = progress.add_task(f"#{i} {label}", total=sc.steps, sim_h="0.00 h")
-
-            def tick(cycle: Any, task: Any = task) -> None:
-                progress.update(task, advance=1, sim_h=f"{cycle.end_s / 3600:.2f} h")
-
-            result = simulate(sc, policy=pol, progress=tick)
-            results.append(result)
-            if result.report.policy_fallbacks:
-                err.print(
-                    f"[yellow]warning:[/] #{i} {label}: policy {result.policy!r} fell back to the safe "
-                    f"decision {result.report.policy_fallbacks} time(s) (raised, timed out or "
-                    "returned a wrong type); see the JSON report's decisions"
-                )
-    times, util = _summary_tables(results)
+    times, util = _summary_tables(comparison.results)
     out.print(times)
     out.print()
     out.print(util)
-    spread: dict[str, dict[str, Any]] = {}
-    if n_seeds > 1:
-        spread = _over_seeds(scenarios, runs, results, n_seeds)
-        for label, row in spread.items():
-            out.print(
-                f"{label}: end-to-end over seeds {row['seeds'][0]}..{row['seeds'][-1]}: "
-                f"mean {_fmt(row['mean_s'] / 3600, 3)} h, min {_fmt(row['min_s'] / 3600, 3)} h, "
-                f"max {_fmt(row['max_s'] / 3600, 3)} h (spread {row['spread'] * 100:.1f}%), "
-                f"lower bound mean {_fmt(row['lower_bound_mean_s'] / 3600, 3)} h"
-            )
-    for line in _comparison_lines(results):
+    for line in _seed_lines(comparison) + _comparison_lines(comparison):
         out.print(line)
     if json_dest:
-        payload = _payload(results)
-        if spread:
-            payload["over_seeds"] = spread
-        emit_json(json_dest, payload)
+        emit_json(json_dest, comparison.to_dict())
         if json_dest != STDOUT:
             out.print(f"wrote {json_dest}")
     if plot_dir:
-        paths = _write_plots(plot_dir, results)
+        paths = plot_comparison(comparison.results, plot_dir)
         out.print(f"wrote {len(paths)} plots to {plot_dir}")
