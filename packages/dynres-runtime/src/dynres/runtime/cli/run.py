@@ -11,6 +11,7 @@ config or a backend failure prints one line and exits with status 2.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 from pathlib import Path
@@ -78,87 +79,115 @@ def command(
     --set for the same key is an error. Every input (config, policy, engine options, --out) is
     checked before anything starts.
     """
-    from rich.console import Console
-
-    from dynres.core.config import parse_set_items
-    from dynres.runtime.plots import plotting_available, require_matplotlib
-    from dynres.runtime.realrun import execute, load_run_config, load_run_policy, reward_key
-
     level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    from dynres.core.errors import ConfigError
+    from rich.console import Console
+
+    from dynres.runtime.realrun import plan_launch
+
+    plan = plan_launch(
+        config,
+        sets=sets,
+        steps=steps,
+        policy=policy,
+        address=address,
+        strict=strict,
+        out_dir=out_dir,
+        plots=not no_plot,
+        plot_dir=plot_dir,
+        on_ignored=lambda line: click.echo(line, err=True),
+    )
+    if plot_dir is not None and no_plot:  # after the run file's own errors, which are reported first
+        raise click.UsageError("give --plot DIR or --no-plot, not both")
+    _check_outputs(plan.out_dir, plot_dir, json_dest)
+    err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False)
+    for note in plan.notes:
+        err.print(note)
+    err.print(_header(plan))
+    outcome = _execute_with_progress(plan, err, quiet=quiet)
+    if json_dest:
+        emit_json(json_dest, outcome.report.to_dict(), allow_nan=True)
+        if json_dest == STDOUT:
+            _summary(outcome.report, outcome, plan.out_dir, to_stderr=True)
+            return
+    _summary(outcome.report, outcome, plan.out_dir, to_stderr=False)
+
+
+def _check_outputs(out: Path, plot_dir: str | None, json_dest: str | None) -> None:
+    """Make the output folder (and the plot folder) now; fail before the run when one cannot be written."""
     from dynres.runtime.cli.paths import check_output_dir, check_output_file
 
-    overrides = parse_set_items(sets)
-    for flag, key, value in (
-        ("--steps", "run.steps", steps),
-        ("--policy", "async_training.dynamic_schedule_policy", policy),
-        ("--address", "cluster.address", address),
-    ):
-        if value is None:
-            continue
-        if key in overrides:
-            raise ConfigError(f"{flag} and --set {key}=... both set {key}; give only one of them")
-        overrides[key] = value
-    cfg = load_run_config(config, overrides, strict=strict, on_ignored=lambda line: click.echo(line, err=True))
-    load_run_policy(cfg)
-    plots = not no_plot
-    if plot_dir is not None and no_plot:
-        raise click.UsageError("give --plot DIR or --no-plot, not both")
-    if plots and not plotting_available():
-        if plot_dir is not None:
-            require_matplotlib()  # asked for plots explicitly: one-line error naming the extra
-        plots = False
-        err_note = "note: no plots (matplotlib is not installed: pip install 'dynres-runtime[plot]')"
-    else:
-        err_note = ""
-    out = Path(out_dir) if out_dir else Path("dynres-runs") / Path(config).stem
     check_output_dir(out, "--out")
     if plot_dir is not None:
         check_output_dir(Path(plot_dir), "--plot")
     if json_dest not in (None, STDOUT):
         check_output_file(Path(json_dest), "--json")
-    err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False)
-    if err_note:
-        err.print(err_note)
-    total = cfg.run.steps
-    err.print(
-        f"dynres run: {total} cycles, policy {cfg.async_training.dynamic_schedule_policy} "
+
+
+def _header(plan: Any) -> str:
+    """The line that says what is about to run and where its output goes."""
+    cfg = plan.config
+    return (
+        f"dynres run: {cfg.run.steps} cycles, policy {cfg.async_training.dynamic_schedule_policy} "
         f"(dynamic scheduling {'on' if cfg.async_training.use_dynamic_resource_scheduling else 'off'}), "
         f"{cfg.num_standalone_replicas} standalone + {cfg.num_hybrid_replicas} hybrid {cfg.engines.rollout} "
-        f"replicas, {cfg.engines.trainer} trainer, runtime {cfg.engines.runtime}; output in {out}"
+        f"replicas, {cfg.engines.trainer} trainer, runtime {cfg.engines.runtime}; output in {plan.out_dir}"
     )
-    progress, task = _progress(err, total, disabled=quiet)
 
-    def on_cycle(cycle: Any, rec: dict[str, Any]) -> None:
+
+class _CycleLines:
+    """One line per finished cycle on stderr, above a progress bar over cycles when there is one."""
+
+    def __init__(self, err: Any, total: int, *, quiet: bool) -> None:
+        """Lines go to console ``err``; the bar (not when ``quiet`` or off a terminal) counts ``total`` cycles."""
+        self.err = err
+        self.total = total
+        self.progress, self.task = _progress(err, total, disabled=quiet)
+
+    def on_cycle(self, cycle: Any, rec: dict[str, Any]) -> None:
+        """Print finished ``cycle`` with its JSONL record's utilization, queue size and reward."""
+        from dynres.runtime.realrun import reward_key
+
         rk = reward_key(rec)
         reward = f" reward {rec[rk]:.3f}" if rk else ""
         hybrid = ("A" if cycle.activated else "-") + ("D" if cycle.deactivated else "-")
         line = (
-            f"cycle {cycle.step:>3}/{total} {cycle.duration_s:6.2f} s  hybrid {hybrid}  "
+            f"cycle {cycle.step:>3}/{self.total} {cycle.duration_s:6.2f} s  hybrid {hybrid}  "
             f"util {rec.get('dynamic_resource/resource_utilization', 0.0):.2f}  "
             f"mq {int(rec.get('dynamic_resource/mq_size', 0))}{reward}"
         )
-        if progress is not None:
-            progress.console.print(line)
-            progress.update(task, completed=cycle.step)
+        if self.progress is not None:
+            self.progress.console.print(line)
+            self.progress.update(self.task, completed=cycle.step)
         else:
-            err.print(line)
+            self.err.print(line)
 
-    def on_status(status: dict[str, Any]) -> None:
-        if progress is not None:
-            progress.update(
-                task,
+    def on_status(self, status: dict[str, Any]) -> None:
+        """Show the run's live state, queue size and in-flight requests next to the bar."""
+        if self.progress is not None:
+            self.progress.update(
+                self.task,
                 status=f"{status.get('state', '?')} queue {status.get('queue', 0)} "
                 f"in-flight {status.get('in_flight', 0)}",
             )
 
+
+def _execute_with_progress(plan: Any, err: Any, *, quiet: bool) -> Any:
+    """Run ``plan`` showing its cycles; after Ctrl-C say what was kept and exit with status 130."""
+    from dynres.runtime.realrun import execute
+
+    lines = _CycleLines(err, plan.config.run.steps, quiet=quiet)
+    out = plan.out_dir
     try:
-        if progress is not None:
-            with progress:
-                outcome = execute(cfg, out, on_cycle=on_cycle, on_status=on_status, plots=plots, plot_dir=plot_dir)
-        else:
-            outcome = execute(cfg, out, on_cycle=on_cycle, on_status=on_status, plots=plots, plot_dir=plot_dir)
+        with lines.progress if lines.progress is not None else contextlib.nullcontext():
+            return execute(
+                plan.config,
+                out,
+                on_cycle=lines.on_cycle,
+                on_status=lines.on_status,
+                plots=plan.plots,
+                plot_dir=plan.plot_dir,
+            )
     except KeyboardInterrupt as exc:
         stopped = getattr(getattr(exc, "outcome", None), "report", None)
         kept = (
@@ -172,13 +201,6 @@ def command(
             f"{kept}finished cycles in {out / 'metrics.jsonl'}"
         )
         sys.exit(EXIT_INTERRUPTED)
-    report = outcome.report
-    if json_dest:
-        emit_json(json_dest, report.to_dict(), allow_nan=True)
-        if json_dest == STDOUT:
-            _summary(report, outcome, out, to_stderr=True)
-            return
-    _summary(report, outcome, out, to_stderr=False)
 
 
 def _summary(report: Any, outcome: Any, out: Path, *, to_stderr: bool) -> None:

@@ -4,9 +4,11 @@
 :func:`dynres.runtime.loop.run.run_fully_async`, streams one JSONL record per cycle, and tears
 everything down, also on Ctrl-C (in-flight work aborted, engines shut down, Ray stopped).
 
-The pieces: :mod:`.config` (the run file), :mod:`.engines` (builders, factories, model, prompts),
-:mod:`.on_ray` (the Ray path and its coordinator actor), :mod:`.output` (JSONL, report, plots,
-summary lines). This module re-exports what the CLI, tests and benchmarks import.
+The pieces: :mod:`.config` (the run file), :mod:`.launch` (the run file with its overrides,
+policy, output folder and plots, checked before anything starts), :mod:`.engines` (builders,
+factories, model, prompts), :mod:`.on_ray` (the Ray path and its coordinator actor),
+:mod:`.output` (JSONL, report, plots, summary lines). This module re-exports what the CLI, tests
+and benchmarks import.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from dynres.runtime.realrun.engines import (
     prepare_model,
     prompt_groups,
 )
+from dynres.runtime.realrun.launch import LaunchPlan, plan_launch
 from dynres.runtime.realrun.output import (
     BACKEND_FILE,
     CONFIG_FILE,
@@ -204,6 +207,7 @@ __all__ = [
     "METRICS_FILE",
     "REPORT_FILE",
     "EnginesSection",
+    "LaunchPlan",
     "ModelSection",
     "RunConfig",
     "RunInterrupted",
@@ -217,6 +221,7 @@ __all__ = [
     "load_run_config",
     "load_run_policy",
     "operations_lines",
+    "plan_launch",
     "prepare_model",
     "prompt_groups",
     "reward_key",

@@ -24,6 +24,9 @@ from dynres.runtime.backends.ray.factory import Factory
 from dynres.runtime.backends.ray.monitor import LoopLag, LoopLagMonitor
 
 if TYPE_CHECKING:
+    from dynres.core.config import DynresConfig
+    from dynres.runtime.backends.ray.cluster import RayCluster, RaySystem
+    from dynres.runtime.backends.ray.proxies import RayTrainEngine
     from dynres.runtime.realrun.config import RunConfig
     from dynres.runtime.realrun.output import MetricsSink
 
@@ -142,20 +145,12 @@ async def run_on_ray(
 
     ray = require_ray()
     cluster = RayCluster(cfg.cluster)
-    s_f, h_f, t_f = engine_factories(cfg, model_path)
+    factories = engine_factories(cfg, model_path)
     dyn = cfg.dynres_config()
     coordinator = None
     run_fut: asyncio.Future[Any] | None = None
     try:
-        system = await cluster.start(dyn, standalone=s_f, hybrid=h_f, trainer=t_f)
-        trainer = system.trainer
-        if trainer is None:
-            raise RuntimeStateError("the Ray cluster started no train engine; give RayCluster.start a trainer factory")
-        backend["engines_start_s"] = round(system.start_s, 3)
-        backend["placement"] = {
-            p.replica_id if hasattr(p, "replica_id") else "trainer": p.node_id for p in [*system.replicas, trainer]
-        }
-        backend["nodes"] = sorted({n["NodeID"] for n in ray.nodes() if n.get("Alive")})
+        system, trainer = await _start_engines(cluster, dyn, factories, backend, ray)
         # The coordinator sits next to the driver: progress polls stay local, and losing a
         # rollout node never takes the run's brain with it.
         coordinator = cluster.spawn(
@@ -167,36 +162,12 @@ async def run_on_ray(
         run_fut = asyncio.ensure_future(
             _await(coordinator.run.remote(build, system.standalone, system.hybrid, trainer))
         )
-        seen = 0
-        while True:
-            done, _ = await asyncio.wait({run_fut}, timeout=poll_s)
-            for cycle in await coordinator.events.remote(seen):
-                seen += 1
-                sink(cycle)
-            if on_status is not None:
-                on_status(await coordinator.status.remote())
-            if done:
-                try:
-                    report = done.pop().result()
-                except Exception as exc:
-                    raise _unwrap(exc) from None
-                break
+        report = await _follow(coordinator, run_fut, sink, on_status, poll_s)
         backend["loop_lag"] = await _loop_lags(coordinator, system)
         return report
     except asyncio.CancelledError:
-        # Ctrl-C: the coordinator's teardown aborts in-flight requests and deactivates hybrids.
         if coordinator is not None:
-            try:
-                backend["stop"] = await asyncio.wait_for(
-                    coordinator.stop.remote(cfg.cluster.shutdown_timeout_s), cfg.cluster.shutdown_timeout_s + 5
-                )
-                for cycle in await coordinator.events.remote(sink.count):
-                    sink(cycle)
-                if on_interrupt is not None:
-                    on_interrupt(await coordinator.interrupted_report.remote())
-            except Exception as exc:
-                backend["stop"] = {"stopped": False, "error": f"{type(exc).__name__}: {exc}"}
-                logger.warning("coordinator did not stop cleanly: %s", exc)
+            await _stop(coordinator, cfg.cluster.shutdown_timeout_s, sink, backend, on_interrupt)
         if run_fut is not None:
             # The remote run ends with TaskCancelledError now; collect it so nothing is logged.
             run_fut.cancel()
@@ -205,6 +176,77 @@ async def run_on_ray(
     finally:
         backend["lost"] = {p.replica_id: p.lost_reason for p in cluster.system.replicas if p.lost_reason is not None}
         backend["shutdown_problems"] = await cluster.shutdown()
+
+
+async def _start_engines(
+    cluster: RayCluster,
+    dyn: DynresConfig,
+    factories: tuple[Factory | None, Factory | None, Factory],
+    backend: dict[str, Any],
+    ray: Any,
+) -> tuple[RaySystem, RayTrainEngine]:
+    """Place and start every engine; note start-up time, placement and live nodes in ``backend``.
+
+    Returns the RaySystem and its train engine proxy (a system without one is an error).
+    """
+    s_f, h_f, t_f = factories
+    system = await cluster.start(dyn, standalone=s_f, hybrid=h_f, trainer=t_f)
+    trainer = system.trainer
+    if trainer is None:
+        raise RuntimeStateError("the Ray cluster started no train engine; give RayCluster.start a trainer factory")
+    backend["engines_start_s"] = round(system.start_s, 3)
+    backend["placement"] = {
+        p.replica_id if hasattr(p, "replica_id") else "trainer": p.node_id for p in [*system.replicas, trainer]
+    }
+    backend["nodes"] = sorted({n["NodeID"] for n in ray.nodes() if n.get("Alive")})
+    return system, trainer
+
+
+async def _follow(
+    coordinator: Any,
+    run_fut: asyncio.Future[Any],
+    sink: MetricsSink,
+    on_status: Callable[[dict[str, Any]], None] | None,
+    poll_s: float,
+) -> Any:
+    """Every ``poll_s`` seconds pass new cycle reports to ``sink`` and the status to ``on_status``
+    until the run ends; return its report or raise its error (the DynresError inside, if any)."""
+    seen = 0
+    while True:
+        done, _ = await asyncio.wait({run_fut}, timeout=poll_s)
+        for cycle in await coordinator.events.remote(seen):
+            seen += 1
+            sink(cycle)
+        if on_status is not None:
+            on_status(await coordinator.status.remote())
+        if done:
+            try:
+                return done.pop().result()
+            except Exception as exc:
+                raise _unwrap(exc) from None
+
+
+async def _stop(
+    coordinator: Any,
+    timeout_s: float,
+    sink: MetricsSink,
+    backend: dict[str, Any],
+    on_interrupt: Callable[[Any], None] | None,
+) -> None:
+    """After Ctrl-C: stop the run, pass its last cycles to ``sink`` and its report to ``on_interrupt``.
+
+    The coordinator's teardown aborts in-flight requests and deactivates hybrids; what ``stop``
+    says (or why it failed) goes to ``backend["stop"]``.
+    """
+    try:
+        backend["stop"] = await asyncio.wait_for(coordinator.stop.remote(timeout_s), timeout_s + 5)
+        for cycle in await coordinator.events.remote(sink.count):
+            sink(cycle)
+        if on_interrupt is not None:
+            on_interrupt(await coordinator.interrupted_report.remote())
+    except Exception as exc:
+        backend["stop"] = {"stopped": False, "error": f"{type(exc).__name__}: {exc}"}
+        logger.warning("coordinator did not stop cleanly: %s", exc)
 
 
 async def _await(ref: Any) -> Any:

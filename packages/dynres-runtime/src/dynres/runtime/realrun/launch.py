@@ -1,0 +1,82 @@
+"""What one ``dynres run`` will start, decided and validated before anything starts.
+
+:func:`plan_launch` reads the run file with its overrides (``--set`` items and the shorthand
+flags, which may not both set a key), builds the policy so that a bad name or param fails now,
+decides whether plots can be written and where the output goes. :func:`~dynres.runtime.realrun.execute`
+then runs the plan's config.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dynres.core.config import parse_set_items, shorthand_overrides
+from dynres.runtime.realrun.config import RunConfig, load_run_config, load_run_policy
+
+OUT_ROOT = Path("dynres-runs")
+"""Where a run's output folder goes when none is given: ``dynres-runs/<run file name>``."""
+NO_PLOTS_NOTE = "note: no plots (matplotlib is not installed: pip install 'dynres-runtime[plot]')"
+"""Said before a run that would write plots but cannot: plots are optional unless asked for by path."""
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """A validated ``dynres run``: its config and where its files go."""
+
+    config: RunConfig
+    """The run file with every override applied."""
+    out_dir: Path
+    """Folder of metrics.jsonl, report.json, backend.json and the plots."""
+    plots: bool
+    """Write plots (False when not wanted or matplotlib is missing)."""
+    plot_dir: Path | None
+    """Folder of the plots; None: ``out_dir/plots``."""
+    notes: tuple[str, ...] = ()
+    """Lines to tell the user before the run starts (e.g. :data:`NO_PLOTS_NOTE`)."""
+
+
+def plan_launch(
+    config: str | Path,
+    *,
+    sets: Sequence[str] = (),
+    steps: int | None = None,
+    policy: str | None = None,
+    address: str | None = None,
+    strict: bool = False,
+    out_dir: str | Path | None = None,
+    plots: bool = True,
+    plot_dir: str | Path | None = None,
+    on_ignored: Callable[[str], Any] | None = None,
+) -> LaunchPlan:
+    """Load and check run file ``config``; raise a DynresError naming the bad input and the fix.
+
+    :param sets: ``KEY=VALUE`` overrides; ``steps``, ``policy`` and ``address`` are shorthands
+        for ``run.steps``, ``async_training.dynamic_schedule_policy`` and ``cluster.address``.
+    :param strict: reject verl keys dynres does not model; else they are dropped and named in
+        one line passed to ``on_ignored``.
+    :param plot_dir: the plots' folder; naming one makes a missing matplotlib an error, where
+        otherwise the run goes on without plots (and says so in :attr:`LaunchPlan.notes`).
+    """
+    overrides = parse_set_items(sets)
+    shorthands = (
+        ("--steps", "run.steps", steps),
+        ("--policy", "async_training.dynamic_schedule_policy", policy),
+        ("--address", "cluster.address", address),
+    )
+    overrides.update(shorthand_overrides(overrides, shorthands))
+    cfg = load_run_config(config, overrides, strict=strict, on_ignored=on_ignored)
+    load_run_policy(cfg)
+    notes: list[str] = []
+    if plots:
+        from dynres.runtime.plots import plotting_available, require_matplotlib
+
+        if not plotting_available():
+            if plot_dir is not None:
+                require_matplotlib()  # asked for plots explicitly: one-line error naming the extra
+            plots = False
+            notes.append(NO_PLOTS_NOTE)
+    out = Path(out_dir) if out_dir else OUT_ROOT / Path(config).stem
+    return LaunchPlan(cfg, out, plots, Path(plot_dir) if plot_dir else None, tuple(notes))
