@@ -7,34 +7,17 @@ from typing import Any
 
 import click
 
+from dynres.runtime.cli.reference import SCHEMA_KINDS, reference_markdown, schema_model
+
 RUN_KEYS = frozenset({"run", "engines", "model", "task"})
 """Top-level keys only a ``dynres run`` file has; a file with any of them is checked as one."""
 SCENARIO_KEYS = frozenset({"cluster", "workload", "costs", "steps", "seed", "extends", "description", "name"})
 """Top-level keys only a simulator scenario has (``cluster`` aside, which run files share)."""
 
 
-SCHEMA_KINDS = ("config", "run", "scenario")
-"""The file kinds ``config schema`` describes: a dynres config, a ``dynres run`` file, a scenario."""
-
-
 @click.group(name="config", short_help="Validate config, run and scenario files; print their JSON Schema.")
 def command() -> None:
     """Validate configuration and scenario files; print their JSON Schema or reference."""
-
-
-def schema_model(kind: str) -> Any:
-    """The pydantic model of a file kind (see :data:`SCHEMA_KINDS`)."""
-    if kind == "config":
-        from dynres.core.config import DynresConfig
-
-        return DynresConfig
-    if kind == "run":
-        from dynres.runtime.realrun.config import RunConfig
-
-        return RunConfig
-    from dynres.runtime.sim.scenario import Scenario
-
-    return Scenario
 
 
 @command.command(name="schema", short_help="Print the JSON Schema (or a markdown reference) of a file kind.")
@@ -51,8 +34,6 @@ def schema(kind: str, markdown: bool) -> None:
     files against it.
     """
     import json
-
-    from dynres.runtime.cli.reference import reference_markdown
 
     if markdown:
         click.echo(reference_markdown(), nl=False)

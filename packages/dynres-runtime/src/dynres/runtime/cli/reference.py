@@ -1,7 +1,8 @@
 """The configuration reference page (docs/config-reference.md), generated from the JSON Schemas.
 
 ``dynres config schema --markdown`` prints it; a test compares the checked-in page with it, so
-the page cannot drift from the pydantic models.
+the page cannot drift from the pydantic models. The file kinds and their models are here too, so
+that ``dynres config schema`` (cli/config.py) imports this module and nothing imports back.
 """
 
 from __future__ import annotations
@@ -24,6 +25,24 @@ INTRO = {
     ),
 }
 """One line above each kind's table."""
+
+SCHEMA_KINDS = ("config", "run", "scenario")
+"""The file kinds ``config schema`` describes: a dynres config, a ``dynres run`` file, a scenario."""
+
+
+def schema_model(kind: str) -> Any:
+    """The pydantic model of a file kind (see :data:`SCHEMA_KINDS`)."""
+    if kind == "config":
+        from dynres.core.config import DynresConfig
+
+        return DynresConfig
+    if kind == "run":
+        from dynres.runtime.realrun.config import RunConfig
+
+        return RunConfig
+    from dynres.runtime.sim.scenario import Scenario
+
+    return Scenario
 
 
 def _resolve(schema: dict[str, Any], node: dict[str, Any]) -> dict[str, Any]:
@@ -91,8 +110,6 @@ def _rows(schema: dict[str, Any], model: dict[str, Any], prefix: str) -> list[st
 
 def reference_markdown() -> str:
     """The whole reference page: one table per file kind, every key with type, default and meaning."""
-    from dynres.runtime.cli.config import SCHEMA_KINDS, schema_model
-
     lines = [
         "# Configuration reference",
         "",
