@@ -565,6 +565,21 @@ def test_there_are_at_least_100_cases() -> None:
     assert len(CASES) >= 100 and len({c.name for c in CASES}) == len(CASES)
 
 
+def test_shorthand_and_set_for_one_key_is_the_one_shared_error() -> None:
+    """Both commands' shorthand check is core's shorthand_overrides: given shorthands come back, a clash raises."""
+    from dynres.core.config import parse_set_items, shorthand_overrides
+    from dynres.core.errors import ConfigError
+
+    sets = parse_set_items(["run.steps=3", "cluster.address=x:1"])
+    given = shorthand_overrides(
+        sets, [("--policy", "async_training.dynamic_schedule_policy", "p"), ("--seed", "seed", None)]
+    )
+    assert given == {"async_training.dynamic_schedule_policy": "p"}
+    assert shorthand_overrides(sets, [("--seed", "seed", 0)]) == {"seed": 0}  # 0 is a value, not "not given"
+    with pytest.raises(ConfigError, match=r"^--steps and --set run.steps=\.\.\. both set run.steps; give only one"):
+        shorthand_overrides(sets, [("--seed", "seed", 1), ("--steps", "run.steps", 2)])
+
+
 def _classify_forked(case: Case, d: Path) -> tuple[str, str, int]:
     """classify() in a forked child, killed after HANG_S seconds (a hang in C code, or memory)."""
     import json

@@ -375,3 +375,69 @@ def test_simulate_config_strict_rejects_verl_only_keys_in_one_line() -> None:
     assert code == 2 and err.count("\n") == 1 and err.startswith("dynres: error:") and "data" in err, err
     code, _, err = _run("simulate", "--preset", "seed-dynamic-16-16", "--strict")
     assert code == 2 and "--strict applies to --config" in err
+
+
+def test_the_plan_numbers_the_runs_and_applies_overrides_in_order() -> None:
+    """plan_simulations: table order, --set for all, --set-run N for run N, --seed over both, --policy for run 1."""
+    from dynres.runtime.sim.plan import plan_simulations
+
+    plan = plan_simulations(
+        "seed-dynamic-16-16",
+        is_preset=True,
+        policy="fixed_ratio",
+        compare_policies=["static_fully_async"],
+        compare=["seed-static-16-16"],
+        sets=["steps=3"],
+        run_sets=[("2", "steps=2"), ("3", "seed=9")],
+        seed=5,
+        seeds=2,
+    )
+    assert [r.number for r in plan.runs] == [1, 2, 3]
+    assert [r.label for r in plan.runs] == [
+        "seed-dynamic-16-16[fixed_ratio]",
+        "seed-dynamic-16-16[static_fully_async]",
+        "seed-static-16-16[static_fully_async]",
+    ]
+    assert [r.policy_spec for r in plan.runs] == ["fixed_ratio", "static_fully_async", None]
+    assert [r.scenario.steps for r in plan.runs] == [3, 2, 3]
+    assert [r.scenario.seed for r in plan.runs] == [5, 5, 5]
+    assert plan.seeds == 2
+
+
+def test_simulate_plan_tells_the_observer_and_matches_simulate() -> None:
+    """simulate_plan: start, one call per cycle, done, run by run; results as simulate() gives them."""
+    from dynres.runtime.loop.report import CycleReport
+    from dynres.runtime.sim import SimResult, simulate
+    from dynres.runtime.sim.comparison import PlanObserver, simulate_plan
+    from dynres.runtime.sim.plan import PlannedRun, plan_simulations
+
+    plan = plan_simulations(
+        "seed-dynamic-16-16", is_preset=True, compare_policies=["static_fully_async"], sets=["steps=2"]
+    )
+    events: list[tuple[object, ...]] = []
+
+    class Record(PlanObserver):
+        def run_started(self, run: PlannedRun) -> None:
+            events.append(("start", run.number))
+
+        def cycle_done(self, run: PlannedRun, cycle: CycleReport) -> None:
+            events.append(("cycle", run.number, cycle.step))
+
+        def run_done(self, run: PlannedRun, result: SimResult) -> None:
+            events.append(("done", run.number, result.label))
+
+    comparison = simulate_plan(plan, Record())
+    assert events == [
+        ("start", 1),
+        ("cycle", 1, 1),
+        ("cycle", 1, 2),
+        ("done", 1, "seed-dynamic-16-16[default]"),
+        ("start", 2),
+        ("cycle", 2, 1),
+        ("cycle", 2, 2),
+        ("done", 2, "seed-dynamic-16-16[static_fully_async]"),
+    ]
+    direct = simulate("seed-dynamic-16-16", policy="static_fully_async", overrides={"steps": 2})
+    assert comparison.results[1].to_dict() == direct.to_dict()
+    payload = comparison.to_dict()
+    assert payload["vs_first"] == {direct.label: comparison.vs_first[1]} and "over_seeds" not in payload

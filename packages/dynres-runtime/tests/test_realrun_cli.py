@@ -103,6 +103,28 @@ def test_overrides_are_dotted_and_typed():
         load_run_config(FAKE, {"run.steps.x": 1})
 
 
+def test_plan_launch_applies_shorthands_and_decides_output_before_anything_starts(tmp_path, monkeypatch):
+    from dynres.runtime import plots
+    from dynres.runtime.realrun import plan_launch
+    from dynres.runtime.realrun.launch import NO_PLOTS_NOTE
+
+    monkeypatch.chdir(tmp_path)
+    run_file = _write(tmp_path, FAKE, "tiny.yaml")
+    plan = plan_launch(run_file, sets=["run.seed=4"], steps=2, policy="fixed_ratio")
+    at = plan.config.async_training
+    assert (plan.config.run.steps, plan.config.run.seed, at.dynamic_schedule_policy) == (2, 4, "fixed_ratio")
+    assert plan.out_dir == Path("dynres-runs") / "tiny" and plan.plot_dir is None
+    assert not (tmp_path / "dynres-runs").exists()  # a plan starts and writes nothing
+    with pytest.raises(ConfigError, match=r"--steps and --set run.steps=\.\.\. both set run.steps"):
+        plan_launch(run_file, sets=["run.steps=3"], steps=2)
+    monkeypatch.setattr(plots, "plotting_available", lambda: False)
+    plan = plan_launch(run_file, out_dir=tmp_path / "o")
+    assert not plan.plots and plan.notes == (NO_PLOTS_NOTE,) and plan.out_dir == tmp_path / "o"
+    assert plan_launch(run_file, plots=False).notes == ()
+    with pytest.raises(ConfigError, match="--plot needs matplotlib"):
+        plan_launch(run_file, plot_dir=tmp_path / "p")
+
+
 def test_fake_run_writes_metrics_report_and_plots(tmp_path):
     out = tmp_path / "out"
     result = _invoke(str(_write(tmp_path, FAKE)), "--out", str(out), "-q")
