@@ -310,3 +310,14 @@ def test_length_noise_without_a_trend_is_not_fitted_as_drift(tmp_path):
     assert "not significant" in fit.notes["workload.response.growth_per_step"]
     # The real trend of the fixture (+1%/cycle) is kept.
     assert fit_scenario(read_metrics(VERL)).load().workload.response.growth_per_step > 0.005
+
+
+def test_each_format_fits_every_section_once():
+    # The fit's sections are written once; a format only orders them. One left out (or run twice)
+    # would silently drop (or re-fit) a part of the scenario for that format.
+    from dynres.runtime.sim.fit.fitter import SECTIONS
+    from dynres.runtime.sim.fit.formats import FORMATS
+
+    assert set(FORMATS) == {"dynres", "verl"}
+    for fmt in FORMATS.values():
+        assert sorted(fmt.section_order) == sorted(SECTIONS), fmt.name

@@ -69,6 +69,16 @@ class RunMetrics:
         """True when at least one cycle has a finite number under ``key``."""
         return bool(self.series(key))
 
+    def first(self, *keys: str) -> tuple[str, list[float]] | None:
+        """The first of ``keys`` that some cycle has, with its :meth:`series`; None when none has.
+
+        For a metric logged under more than one name (verl: timing_s/step or perf/time_per_step)."""
+        for key in keys:
+            values = self.series(key)
+            if values:
+                return key, values
+        return None
+
 
 def _load_lines(path: Path, what: str) -> list[tuple[int, Any]]:
     if not path.exists():
@@ -155,28 +165,37 @@ def read_metrics(path: str | Path, *, what: str = "metrics") -> RunMetrics:
             f'({{"step": N, "data": {{...}}}}); got {keys}; give metrics.jsonl of `dynres run` '
             "or verl's file-logger JSONL"
         )
-    if fmt == DYNRES:
-        cycles = []
-        for no, rec in rows:
-            if not isinstance(rec, dict) or any(k not in rec for k in DYNRES_REQUIRED_KEYS):
-                raise MetricsError(
-                    f"{what} {p}, line {no}: not a `dynres run` cycle record (missing "
-                    f"{[k for k in DYNRES_REQUIRED_KEYS if not isinstance(rec, dict) or k not in rec]}); "
-                    "the file mixes formats or was cut; keep only whole records"
-                )
-            cycles.append(rec)
-        cycles.sort(key=lambda r: r["step"])
-        run = RunMetrics(path=p, format=DYNRES, cycles=cycles)
-        for name, attr in (("config.json", "config"), ("report.json", "report")):
-            side = p.parent / name
-            if side.exists():
-                try:
-                    setattr(run, attr, json.loads(side.read_text(encoding="utf-8")))
-                except (OSError, json.JSONDecodeError):
-                    continue  # a damaged side file only costs what it would have told
-                if attr == "config":
-                    run.config_source = str(side)
-        return run
+    return _dynres_run(p, rows, what) if fmt == DYNRES else _verl_run(p, rows, what)
+
+
+def _dynres_run(p: Path, rows: list[tuple[int, Any]], what: str) -> RunMetrics:
+    """The records of a dynres metrics.jsonl in step order, with config.json and report.json next to it."""
+    cycles = []
+    for no, rec in rows:
+        if not isinstance(rec, dict) or any(k not in rec for k in DYNRES_REQUIRED_KEYS):
+            raise MetricsError(
+                f"{what} {p}, line {no}: not a `dynres run` cycle record (missing "
+                f"{[k for k in DYNRES_REQUIRED_KEYS if not isinstance(rec, dict) or k not in rec]}); "
+                "the file mixes formats or was cut; keep only whole records"
+            )
+        cycles.append(rec)
+    cycles.sort(key=lambda r: r["step"])
+    run = RunMetrics(path=p, format=DYNRES, cycles=cycles)
+    for name, attr in (("config.json", "config"), ("report.json", "report")):
+        side = p.parent / name
+        if side.exists():
+            try:
+                setattr(run, attr, json.loads(side.read_text(encoding="utf-8")))
+            except (OSError, json.JSONDecodeError):
+                continue  # a damaged side file only costs what it would have told
+            if attr == "config":
+                run.config_source = str(side)
+    return run
+
+
+def _verl_run(p: Path, rows: list[tuple[int, Any]], what: str) -> RunMetrics:
+    """The training cycles of verl's file-logger lines: the lines of one step merged, steps
+    without a training time (validation, start-up) skipped."""
     merged: dict[int, dict[str, Any]] = {}
     first_line: dict[int, int] = {}
     for no, rec in rows:
