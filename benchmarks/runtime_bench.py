@@ -26,10 +26,10 @@ import sys
 import time
 
 from dynres.runtime.backends.fake import FakeReplica, FakeTrainEngine
-from dynres.runtime.loop.balancer import LoadBalancer
 from dynres.runtime.loop.controller import Controller
 from dynres.runtime.loop.gcpolicy import run_gc_policy
 from dynres.runtime.loop.ops import OpRunner
+from dynres.runtime.loop.routing import LoadBalancer
 from dynres.runtime.protocols import GenerationRequest, WeightUpdate
 
 OP_LATENCY_S = 0.1

@@ -206,9 +206,9 @@ async def _wait_until(cond: Any, timeout_s: float = 600.0) -> None:
 
 async def _one_size(n_standalone: int, n_hybrid: int, in_flight: int, probe_ms: float = 0.0) -> dict[str, Any]:
     from dynres.runtime.backends.fake import FakeReplica, FakeTrainEngine
-    from dynres.runtime.loop.balancer import LoadBalancer
     from dynres.runtime.loop.controller import Controller
     from dynres.runtime.loop.ops import OpRunner
+    from dynres.runtime.loop.routing import LoadBalancer
     from dynres.runtime.protocols import GenerationRequest, WeightUpdate
 
     loop = asyncio.get_running_loop()
@@ -350,8 +350,9 @@ def _model(rows: list[dict[str, Any]]) -> None:
     one per-request shard (``N / 64`` entries, ``c_dict`` each):
     ``lag ~ 2 x (retry_batch x c_move + min(H, fanout) x c_op + N / 64 x c_dict)``.
     """
-    from dynres.runtime.loop.balancer import _SHARDS, LoadBalancer
     from dynres.runtime.loop.ops import OpRunner
+    from dynres.runtime.loop.routing import LoadBalancer
+    from dynres.runtime.loop.routing.shards import SHARDS as _SHARDS
 
     rb = LoadBalancer().retry_batch
     fanout = OpRunner(timeout_s=1.0, now=float).fanout

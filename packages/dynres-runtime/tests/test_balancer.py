@@ -15,7 +15,7 @@ import pytest
 
 from dynres.core.errors import ReplicaUnavailableError, RuntimeStateError
 from dynres.runtime.backends.fake import FakeReplica
-from dynres.runtime.loop.balancer import LoadBalancer
+from dynres.runtime.loop.routing import LoadBalancer
 from dynres.runtime.protocols import GenerationRequest
 from dynres.runtime.sim.loop import run_virtual
 

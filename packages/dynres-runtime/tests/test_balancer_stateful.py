@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from dynres.runtime.backends.fake import FakeReplica, FakeTrainEngine
-from dynres.runtime.loop.balancer import LoadBalancer
 from dynres.runtime.loop.controller import Controller, ControllerState
 from dynres.runtime.loop.ops import OpRunner
+from dynres.runtime.loop.routing import LoadBalancer
 from dynres.runtime.protocols import GenerationRequest, GenerationResult, WeightUpdate
 from dynres.runtime.sim.loop import VirtualTimeLoop
 

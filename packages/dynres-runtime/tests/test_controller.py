@@ -19,9 +19,9 @@ import pytest
 from dynres.core import get_plugin_manager, hookimpl
 from dynres.core.errors import RuntimeStateError
 from dynres.runtime.backends.fake import FakeReplica, FakeTrainEngine, OpRecord
-from dynres.runtime.loop.balancer import LoadBalancer
 from dynres.runtime.loop.controller import Controller, ControllerState
 from dynres.runtime.loop.ops import OpRunner
+from dynres.runtime.loop.routing import LoadBalancer
 from dynres.runtime.protocols import GenerationRequest, Replica, WeightUpdate
 from dynres.runtime.sim.loop import run_virtual
 

@@ -24,9 +24,9 @@ from dynres.core.errors import (
     RunStalledError,
 )
 from dynres.runtime.backends.fake import FakeCluster, FakeReplica, fake_prompts
-from dynres.runtime.loop.balancer import LoadBalancer
 from dynres.runtime.loop.ledger import checkpoint_sample_ids
 from dynres.runtime.loop.report import RunReport
+from dynres.runtime.loop.routing import LoadBalancer
 from dynres.runtime.loop.run import FullyAsyncRun, RunSpec
 from dynres.runtime.protocols import GenerationRequest
 from dynres.runtime.sim.loop import run_virtual

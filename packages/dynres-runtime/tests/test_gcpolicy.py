@@ -8,10 +8,10 @@ from typing import Any
 
 from dynres.core import get_plugin_manager, load_config, load_policy
 from dynres.runtime.backends.fake import FakeCluster, FakeReplica, FakeTrainEngine, fake_prompts
-from dynres.runtime.loop.balancer import LoadBalancer
 from dynres.runtime.loop.controller import Controller
 from dynres.runtime.loop.gcpolicy import full_collections_deferred, no_full_collection, run_gc_policy
 from dynres.runtime.loop.ops import OpRunner
+from dynres.runtime.loop.routing import LoadBalancer
 from dynres.runtime.loop.run import RunSpec, run_fully_async
 from dynres.runtime.protocols import GenerationRequest, WeightUpdate
 

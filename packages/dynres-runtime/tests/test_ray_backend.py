@@ -285,9 +285,9 @@ def test_deactivation_takes_the_batched_path_and_keeps_partial_output(ray_sessio
     """A real deactivation on Ray replicas: one abort_batch reply per replica, every request
     finishes exactly once elsewhere, resumed from the output it had (both a hosted replica
     with abort_batch and one with only abort, which the actor batches itself)."""
-    from dynres.runtime.loop.balancer import LoadBalancer
     from dynres.runtime.loop.controller import Controller
     from dynres.runtime.loop.ops import OpRunner
+    from dynres.runtime.loop.routing import LoadBalancer
 
     kw = {"tokens_per_s": 40.0, "response_tokens": 80}
     cluster, system = _start(

@@ -60,9 +60,9 @@ from dataclasses import dataclass
 import pluggy
 
 from dynres.core.errors import BackendError, RuntimeStateError
-from dynres.runtime.loop.balancer import LoadBalancer
 from dynres.runtime.loop.gcpolicy import no_full_collection
 from dynres.runtime.loop.ops import OpRunner
+from dynres.runtime.loop.routing import LoadBalancer
 from dynres.runtime.protocols import Replica, TrainEngine, WeightUpdate
 
 logger = logging.getLogger("dynres.runtime.loop.controller")

@@ -41,13 +41,13 @@ import pluggy
 
 from dynres.core.errors import BackendError
 from dynres.core.metrics import MicroStep, cycle_metrics, train_compute_time
-from dynres.runtime.loop.balancer import LoadBalancer
 from dynres.runtime.loop.controller import Controller
 from dynres.runtime.loop.decisions import DecisionGuard, DecisionRecord
 from dynres.runtime.loop.ops import OpRunner
 from dynres.runtime.loop.queue import MessageQueue
 from dynres.runtime.loop.report import CycleReport, batch_stats
 from dynres.runtime.loop.rollouter import Rollouter
+from dynres.runtime.loop.routing import LoadBalancer
 from dynres.runtime.loop.tracker import CycleMeasurements, RunTracker
 from dynres.runtime.protocols import Replica, TrainEngine, WeightUpdate
 

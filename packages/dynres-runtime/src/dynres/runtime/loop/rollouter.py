@@ -29,8 +29,8 @@ from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, It
 from dataclasses import dataclass
 
 from dynres.core.metrics import RolloutPoint, rollout_capacity
-from dynres.runtime.loop.balancer import LoadBalancer
 from dynres.runtime.loop.queue import MessageQueue
+from dynres.runtime.loop.routing import LoadBalancer
 from dynres.runtime.protocols import GenerationRequest, GenerationResult
 from dynres.runtime.samples import PromptGroup, Sample
 

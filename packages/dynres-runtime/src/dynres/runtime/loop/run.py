@@ -38,7 +38,6 @@ import pluggy
 from dynres.core import BoundPolicy, DynresConfig, Policy, get_plugin_manager
 from dynres.core.context import step_required_samples
 from dynres.core.errors import ConfigError, DynresError, RunAbortedError, RunStalledError, RuntimeStateError
-from dynres.runtime.loop.balancer import LoadBalancer
 from dynres.runtime.loop.checkpoint import CHECKPOINT_FORMAT, make_checkpoint, policy_state, restore_checkpoint
 from dynres.runtime.loop.clock import RunClock
 from dynres.runtime.loop.controller import Controller, ControllerState
@@ -50,6 +49,7 @@ from dynres.runtime.loop.probe import StartupProbe, run_startup_probe
 from dynres.runtime.loop.queue import MessageQueue
 from dynres.runtime.loop.report import CycleReport, OperationTimings, RunReport, SampleCounters
 from dynres.runtime.loop.rollouter import PromptSource, Rollouter
+from dynres.runtime.loop.routing import LoadBalancer
 from dynres.runtime.loop.tracker import RunTracker
 from dynres.runtime.protocols import Replica, TrainEngine
 from dynres.runtime.samples import PromptGroup, Sample

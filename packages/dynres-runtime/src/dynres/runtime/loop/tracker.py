@@ -37,10 +37,10 @@ from dataclasses import dataclass
 
 from dynres.core import ScheduleContext
 from dynres.core.context import step_required_samples
-from dynres.runtime.loop.balancer import LoadBalancer
 from dynres.runtime.loop.controller import Controller
 from dynres.runtime.loop.queue import MessageQueue
 from dynres.runtime.loop.rollouter import Rollouter
+from dynres.runtime.loop.routing import LoadBalancer
 from dynres.runtime.protocols import Replica, generated_tokens
 
 
