@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -105,6 +106,29 @@ def test_only_hybrid_clamps_like_the_dynres_runtime(monkeypatch):
     assert pol.should_activate_after_step(3, False, verl_ctx()) is True
     monkeypatch.setattr(pol.policy, "deactivate_wait_samples", lambda ctx: 10**6)
     assert pol.deactivate_wait_samples(verl_ctx(buffer_samples=5.0)) == 25  # step_required + buffer
+
+
+def test_observers_and_logs_see_the_value_verl_acts_on(monkeypatch, caplog):
+    from dynres.core import hookimpl
+
+    seen = []
+
+    class Observer:
+        @hookimpl
+        def dynres_decision_made(self, decision, value, ctx, policy_name, fallback):
+            seen.append((decision, value, fallback))
+
+    pol = schedule_module().build_policy("dynres:fixed_ratio", deactivate_ratio=0.3, only_hybrid=True)
+    pol.guard.policy.pm.register(Observer())
+    monkeypatch.setattr(pol.policy, "deactivate_wait_samples", lambda ctx: -1)
+    with caplog.at_level(logging.INFO, logger="dynres.verl"):
+        assert pol.deactivate_wait_samples(verl_ctx()) == 20
+    # the hook carries what verl acts on: the safe 0, clamped to a whole cycle in only-hybrid
+    assert seen == [("deactivate_wait_samples", 20, True)]
+    warning, clamp = (r.getMessage() for r in caplog.records if r.name == "dynres.verl")
+    assert warning.startswith("dynres policy 'fixed_ratio' deactivate_wait_samples at global_steps=0")
+    assert warning.endswith("using the safe value 0, verl continues")
+    assert clamp.startswith("dynres policy 'fixed_ratio' deactivate_wait_samples: 0 clamped to 20: only-hybrid")
 
 
 @pytest.mark.parametrize(

@@ -112,7 +112,7 @@ def clamp_answer(method: str, value: Any, ctx: ScheduleContext) -> tuple[Any, st
     cycle's samples before going back) and in ``[0, step_required + buffer]`` otherwise (the queue
     never holds more, so a longer wait would never end); ``should_activate_after_step`` is True in
     an only-hybrid cluster, for the same reason. ``reason`` is '' when the value is unchanged.
-    Used by the dynres runtime and by dynres-verl's adapter inside verl.
+    Applied by :class:`dynres.core.guard.PolicyGuard`, in the dynres runtime and inside verl.
     """
     if method == "deactivate_wait_samples":
         lo = ctx.step_required_samples if ctx.only_hybrid else 0

@@ -6,10 +6,10 @@ sets ``policy._rollouter`` to the rollouter's actor handle and then calls, per s
 ``should_activate_after_step`` / ``request_rebalance`` / ``update_after_step`` after it. The
 adapter translates each call into the dynres policy's method on a
 :class:`~dynres.core.ScheduleContext` (see :mod:`dynres.verl.contexts`) and guards it
-(:class:`~dynres.verl.guard.SyncGuard`). It applies the dynres runtime's safety clamps
+(:class:`~dynres.verl.guard.SyncGuard`), which also applies the dynres runtime's safety clamps
 (:func:`dynres.core.answers.clamp_answer`): an only-hybrid cluster always activates and waits for
 at least a cycle's samples before handing the GPUs back, and no wait exceeds a cycle's samples
-plus the staleness buffer.
+plus the staleness buffer. The adapter acts on the guard's answers as they come.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import logging
 from typing import Any, ClassVar
 
 from dynres.core import BoundPolicy, Policy, ScheduleContext, get_plugin_manager, resolve_policy_class
-from dynres.core.answers import clamp_answer
 from dynres.verl.contexts import VerlContextReader
 from dynres.verl.guard import SyncGuard
 from dynres.verl.params import build_params
@@ -71,7 +70,7 @@ class DynresPolicyAdapter:
         self.reader = VerlContextReader(only_hybrid=self.only_hybrid)
         """Turns verl's contexts into ScheduleContexts."""
         self.guard = SyncGuard(BoundPolicy(self.policy, get_plugin_manager()), timeout_s=DECISION_TIMEOUT_S)
-        """Runs the decisions safely."""
+        """Runs the decisions safely: timeout, answer checks, safe fallbacks, clamps."""
         self.rebalances = 0
         """Rebalances asked of the rollouter (count)."""
         self._rollouter: Any = None  # verl's DynamicResourceController sets this attribute
@@ -94,16 +93,14 @@ class DynresPolicyAdapter:
         return bool(self.guard.decide("should_deactivate", sctx))
 
     def deactivate_wait_samples(self, ctx: Any) -> int:
-        """Samples to wait for before deactivating, clamped like the dynres runtime clamps them."""
+        """Samples to wait for before deactivating, clamped (by the guard) like the dynres runtime clamps them."""
         sctx = self._context(ctx, self._last_steps, self._last_active)
-        value = int(self.guard.decide("deactivate_wait_samples", sctx))
-        return int(self._clamp("deactivate_wait_samples", value, sctx))
+        return int(self.guard.decide("deactivate_wait_samples", sctx))
 
     def should_activate_after_step(self, global_steps: int, is_hybrid_active: bool, ctx: Any) -> bool:
         """Ask the dynres policy whether the hybrid replicas generate next cycle (always in only-hybrid)."""
         sctx = self._context(ctx, global_steps, is_hybrid_active)
-        answer = bool(self.guard.decide("should_activate_after_step", sctx))
-        return bool(self._clamp("should_activate_after_step", answer, sctx))
+        return bool(self.guard.decide("should_activate_after_step", sctx))
 
     def request_rebalance(self, global_steps: int, ctx: Any) -> None:
         """When the dynres policy agrees, ask the rollouter to rebalance, as verl's default does."""
@@ -128,12 +125,6 @@ class DynresPolicyAdapter:
         self.reader.end_cycle(ctx)
 
     # ---- helpers ---------------------------------------------------------------------------
-
-    def _clamp(self, method: str, value: Any, sctx: ScheduleContext) -> Any:
-        new, why = clamp_answer(method, value, sctx)
-        if new != value:
-            logger.info("dynres policy %r %s: %r clamped to %r: %s", self.policy.name, method, value, new, why)
-        return new
 
     def _context(self, ctx: Any, global_steps: int, is_hybrid_active: bool) -> ScheduleContext:
         self._count_replicas()
