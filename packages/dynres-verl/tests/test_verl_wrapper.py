@@ -10,7 +10,7 @@ import pytest
 from dynres.core import ScheduleContext
 from dynres.core.errors import PolicyNotFoundError
 from dynres.verl.hooks import dynres_resolve_policy
-from dynres.verl.wrapper import VerlPolicy, verl_policy_class
+from dynres.verl.wrapper import VerlPolicy, dynres_wrapper_class
 
 
 def ctx(**kw) -> ScheduleContext:
@@ -28,17 +28,17 @@ def test_the_hook_answers_verl_names_only():
 
 def test_unknown_verl_names_list_verls_policies():
     with pytest.raises(PolicyNotFoundError, match=r"verl has no dynamic-schedule policy 'defualt'.*'default'"):
-        verl_policy_class("defualt")
+        dynres_wrapper_class("defualt")
     with pytest.raises(PolicyNotFoundError, match="name it directly as 'default'"):
-        verl_policy_class("dynres:default")
+        dynres_wrapper_class("dynres:default")
 
 
 def test_fixed_ratio_is_found_although_verl_never_registers_it():
-    assert verl_policy_class("fixed_ratio").verl_name == "fixed_ratio"
+    assert dynres_wrapper_class("fixed_ratio").verl_name == "fixed_ratio"
 
 
 def test_verls_default_decides_through_the_wrapper(capsys):
-    pol = verl_policy_class("default")({"deactivate_ratio": 0.5})
+    pol = dynres_wrapper_class("default")({"deactivate_ratio": 0.5})
     assert pol.should_activate_after_step(ctx(global_steps=0)) is True  # gap 10 x 1000 s > 10 s
     assert pol.verl_policy.deactivate_ratio == 0.5 and pol.verl_policy.only_hybrid is False
     pol.update_after_step(ctx(global_steps=0))
@@ -51,18 +51,18 @@ def test_verls_default_decides_through_the_wrapper(capsys):
 
 
 def test_verls_static_never_rebalances_nor_activates():
-    pol = verl_policy_class("static_fully_async")()
+    pol = dynres_wrapper_class("static_fully_async")()
     assert pol.should_activate_after_step(ctx(global_steps=1)) is False
     assert pol.should_rebalance(ctx(global_steps=1, is_hybrid_active=True, now=1.0)) is False
     assert pol.rollouter.calls == []
     only_hybrid = ctx(global_steps=1, num_standalone_replicas=0)
-    assert verl_policy_class("static_fully_async")().should_activate_after_step(only_hybrid) is False
+    assert dynres_wrapper_class("static_fully_async")().should_activate_after_step(only_hybrid) is False
 
 
 def test_switch_times_reach_verl_once_per_switch():
     # The runtime keeps reporting the latest durations; verl must see each switch once, as its
     # own trainer accumulates and resets them per cycle.
-    pol = verl_policy_class("default")()
+    pol = dynres_wrapper_class("default")()
     pol.should_activate_after_step(ctx(global_steps=0, now=0.0))
     pol.update_after_step(ctx(global_steps=0, now=0.0))
     lent = dict(is_hybrid_active=True, num_active_replicas=4, last_activate_duration_s=2.0)
@@ -79,7 +79,7 @@ def test_switch_times_reach_verl_once_per_switch():
 
 
 def test_state_survives_json_and_pickle():
-    pol = verl_policy_class("default")()
+    pol = dynres_wrapper_class("default")()
     waited = ctx(global_steps=1, step_wait_times=(4.0, 2.0), step_wait_samples=(3, 1))
     pol.should_activate_after_step(waited)
     pol.update_after_step(waited)
@@ -87,7 +87,7 @@ def test_state_survives_json_and_pickle():
     assert state["verl"]["_last_per_sample_time"] == 1.5 and state["verl"]["deactivate_ratio"] == pytest.approx(
         0.4
     )  # +clip(4/20, 0.02, 0.1)
-    fresh = verl_policy_class("default")()
+    fresh = dynres_wrapper_class("default")()
     fresh.load_state_dict(state)
     assert fresh.state_dict() == state
     probe = ctx(global_steps=2, total_generated_samples=17, expected_samples=20)

@@ -107,9 +107,9 @@ def runs(draw: st.DrawFn, max_cycles: int = 40) -> tuple[Cluster, list[CycleInpu
 
 def verl_class(name: str) -> type[Any]:
     """verl's policy class ``name`` (fixed_ratio is shipped but registered only once imported)."""
-    from dynres.verl._verl import verl_policy_class
+    from dynres.verl._verl import registered_verl_class
 
-    return verl_policy_class(name)
+    return registered_verl_class(name)
 
 
 def drive_pair(verl_name: str, dynres_cls: type[Policy], cluster: Cluster, cycles: list[CycleInput]) -> Run:

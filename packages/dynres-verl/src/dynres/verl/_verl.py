@@ -32,7 +32,7 @@ def registry() -> dict[str, type[Any]]:
     return schedule_module().base._policy_registry
 
 
-def verl_policy_class(name: str) -> type[Any]:
+def registered_verl_class(name: str) -> type[Any]:
     """Return the class verl registered as ``name``; raise PolicyNotFoundError listing verl's names.
 
     verl 0.9.1 ships ``fixed_ratio_policy.py`` but never imports it, so its policy is missing

@@ -10,6 +10,6 @@ def dynres_resolve_policy(name: str) -> type[Policy] | None:
     """Return the wrapper of verl's policy for ``verl:<name>``; None for every other name."""
     if not name.startswith("verl:"):
         return None
-    from dynres.verl.wrapper import verl_policy_class
+    from dynres.verl.wrapper import dynres_wrapper_class
 
-    return verl_policy_class(name[len("verl:") :])
+    return dynres_wrapper_class(name[len("verl:") :])

@@ -1,6 +1,6 @@
 """verl's policies inside dynres: ``verl:<name>`` is verl's registered policy class behind the dynres API.
 
-:func:`verl_policy_class` returns a :class:`~dynres.core.Policy` subclass (named
+:func:`dynres_wrapper_class` returns a :class:`~dynres.core.Policy` subclass (named
 ``verl_<name>``) whose instances build verl's policy with verl's own ``build_policy`` on the first
 decision (only then is it known whether the cluster is only-hybrid, which verl takes as a
 constructor argument) and forward every decision to it with the context translated by
@@ -36,8 +36,7 @@ from pydantic import Field
 
 from dynres.core import Policy, ScheduleContext
 from dynres.core.errors import PolicyNotFoundError, PolicyValidationError
-from dynres.verl._verl import schedule_module
-from dynres.verl._verl import verl_policy_class as _verl_class
+from dynres.verl._verl import registered_verl_class, schedule_module
 from dynres.verl.contexts import to_verl_context
 
 logger = logging.getLogger("dynres.verl")
@@ -244,13 +243,13 @@ def _plain(v: Any) -> Any:
 
 
 @functools.cache
-def verl_policy_class(name: str) -> type[VerlPolicy]:
+def dynres_wrapper_class(name: str) -> type[VerlPolicy]:
     """The dynres Policy class wrapping verl's policy ``name``; raise one-line errors when there is none."""
     if name.startswith("dynres:"):
         raise PolicyNotFoundError(
             f"policy 'verl:{name}' is a dynres policy seen through verl; name it directly as {name[7:]!r}"
         )
-    _verl_class(name)  # raises PolicyNotFoundError listing verl's names
+    registered_verl_class(name)  # raises PolicyNotFoundError listing verl's names
     dynres_name = "verl_" + re.sub(r"[^a-z0-9_]", "_", name.lower())
     return type(
         f"VerlPolicy[{name}]",
@@ -264,5 +263,5 @@ def verl_policy_class(name: str) -> type[VerlPolicy]:
 
 
 def _new_instance(verl_name: str) -> VerlPolicy:
-    cls = verl_policy_class(verl_name)
+    cls = dynres_wrapper_class(verl_name)
     return cls.__new__(cls)
