@@ -24,11 +24,11 @@ from dynres.core import Policy, get_plugin_manager, load_config, load_policy
 from dynres.core.config import DynresConfig
 from dynres.core.errors import BackendError
 from dynres.runtime.backends.fake import FakeCluster, fake_prompts
+from dynres.runtime.loop.driver import FullyAsyncRun, RunSpec
 from dynres.runtime.loop.ledger import SampleLedger, held_sample_ids
-from dynres.runtime.loop.run import FullyAsyncRun, RunSpec
 from dynres.runtime.protocols import GenerationRequest
 from dynres.runtime.samples import PromptGroup
-from dynres.runtime.sim.loop import run_virtual
+from dynres.runtime.sim.virtual_time import run_virtual
 
 VIRTUAL_CAP_S = 3600.0
 

@@ -13,7 +13,7 @@ purpose (this is a benchmark, not runtime code).
 3. Largest event-loop lag while 8 hybrid replicas are deactivated with 10,000 requests in flight
    on 16 replicas (the aborted requests are retried on the standalone replicas); target < 10 ms.
    The benchmark never touches the garbage collector itself; it takes the runtime's start-up
-   step (``run_gc_policy``), as every run does.
+   step (``run_gc_control``), as every run does.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import time
 
 from dynres.runtime.backends.fake import FakeReplica, FakeTrainEngine
 from dynres.runtime.loop.controller import Controller
-from dynres.runtime.loop.gcpolicy import run_gc_policy
+from dynres.runtime.loop.gc_control import run_gc_control
 from dynres.runtime.loop.ops import OpRunner
 from dynres.runtime.loop.routing import LoadBalancer
 from dynres.runtime.protocols import GenerationRequest, WeightUpdate
@@ -90,7 +90,7 @@ async def lag_during_deactivation(
 
     The window runs from the deactivation's start until every aborted request runs again on a
     standalone replica. The benchmark does nothing to the garbage collector: ``main`` takes the
-    runtime's own start-up step (:func:`~dynres.runtime.loop.gcpolicy.run_gc_policy`), as every
+    runtime's own start-up step (:func:`~dynres.runtime.loop.gc_control.run_gc_control`), as every
     run does.
     """
     lat = {op: OP_LATENCY_S for op in ("abort", "sleep", "wake_up", "update_weights", "resume", "pause")}
@@ -166,7 +166,7 @@ def main() -> int:
         f"{verdict(rate >= 100_000)}"
     )
     print()
-    with run_gc_policy():  # the runtime's start-up GC step, exactly what a run takes
+    with run_gc_control():  # the runtime's start-up GC step, exactly what a run takes
         lag, dt, moved = asyncio.run(lag_during_deactivation())
     print(
         f"deactivation under load (10,000 in flight, 8 standalone + 8 hybrid, {moved} requests moved): "

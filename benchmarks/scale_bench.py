@@ -9,7 +9,7 @@ the callbacks and collections that ran in them (and stops after the table: a pro
 read a little high).
 
 Real time is measured here on purpose (this is a benchmark, not runtime code). The benchmark
-never touches the garbage collector: it calls :func:`dynres.runtime.loop.gcpolicy.run_gc_policy`,
+never touches the garbage collector: it calls :func:`dynres.runtime.loop.gc_control.run_gc_control`,
 the same start-up step every run takes (``dynres run`` and ``dynres simulate`` both go through
 ``FullyAsyncRun.run``), and nothing else.
 
@@ -312,9 +312,9 @@ def child_size(
     n_standalone: int, n_hybrid: int, in_flight: int, routing: bool, probe_ms: float = 0.0
 ) -> dict[str, Any]:
     """One size in this (fresh) process: the runtime's start-up GC step, routing, then the load."""
-    from dynres.runtime.loop.gcpolicy import run_gc_policy
+    from dynres.runtime.loop.gc_control import run_gc_control
 
-    with run_gc_policy():
+    with run_gc_control():
         out = asyncio.run(_one_size(n_standalone, n_hybrid, in_flight, probe_ms))
         if routing:
             out["routing_per_s"] = _routing_rate(n_standalone + n_hybrid, in_flight, ROUTING_DECISIONS)

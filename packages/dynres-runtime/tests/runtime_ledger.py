@@ -14,8 +14,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from dynres.runtime.backends.fake import FakeTrainEngine
+from dynres.runtime.loop.driver import FullyAsyncRun
 from dynres.runtime.loop.ledger import SampleLedger, held_sample_ids
-from dynres.runtime.loop.run import FullyAsyncRun
 from dynres.runtime.samples import PromptGroup
 
 

@@ -17,7 +17,7 @@ from dynres.core.errors import ReplicaUnavailableError, RuntimeStateError
 from dynres.runtime.backends.fake import FakeReplica
 from dynres.runtime.loop.routing import LoadBalancer
 from dynres.runtime.protocols import GenerationRequest
-from dynres.runtime.sim.loop import run_virtual
+from dynres.runtime.sim.virtual_time import run_virtual
 
 
 def req(i: int | str, max_tokens: int = 1000) -> GenerationRequest:

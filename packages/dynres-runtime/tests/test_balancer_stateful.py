@@ -19,7 +19,7 @@ from dynres.runtime.loop.controller import Controller, ControllerState
 from dynres.runtime.loop.ops import OpRunner
 from dynres.runtime.loop.routing import LoadBalancer
 from dynres.runtime.protocols import GenerationRequest, GenerationResult, WeightUpdate
-from dynres.runtime.sim.loop import VirtualTimeLoop
+from dynres.runtime.sim.virtual_time import VirtualTimeLoop
 
 
 class GuardedReplica(FakeReplica):

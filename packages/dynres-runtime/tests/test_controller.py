@@ -23,7 +23,7 @@ from dynres.runtime.loop.controller import Controller, ControllerState
 from dynres.runtime.loop.ops import OpRunner
 from dynres.runtime.loop.routing import LoadBalancer
 from dynres.runtime.protocols import GenerationRequest, Replica, WeightUpdate
-from dynres.runtime.sim.loop import run_virtual
+from dynres.runtime.sim.virtual_time import run_virtual
 
 
 class LoggingBalancer(LoadBalancer):

@@ -8,7 +8,7 @@ import pytest
 
 from dynres.core import get_plugin_manager, load_config, load_policy
 from dynres.runtime.backends.fake import FakeCluster, fake_prompts
-from dynres.runtime.loop.run import FullyAsyncRun, RunSpec
+from dynres.runtime.loop.driver import FullyAsyncRun, RunSpec
 
 
 def _spec(cl: FakeCluster, num_cycles: int = 2) -> RunSpec:
@@ -56,7 +56,7 @@ def test_the_last_step_of_a_cycle_is_charged_through_the_sync_and_decisions() ->
     # weight sync and the policy calls after it (the train_allocated_time metric), so on a
     # virtual-time loop they add up exactly to the cycle's duration.
     from dynres.core.metrics import TRAIN_ALLOCATED_TIME
-    from dynres.runtime.sim.loop import run_virtual
+    from dynres.runtime.sim.virtual_time import run_virtual
 
     cl = FakeCluster(2, 2, tokens_per_s=300, response_tokens=30, latency=0.05)
     report = run_virtual(FullyAsyncRun(_spec(cl, num_cycles=3)).run())

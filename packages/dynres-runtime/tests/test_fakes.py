@@ -9,7 +9,7 @@ import pytest
 from dynres.core.errors import BackendError, ConfigError
 from dynres.runtime.backends.fake import FakeCluster, FakeReplica, FakeTrainEngine
 from dynres.runtime.protocols import GenerationRequest
-from dynres.runtime.sim.loop import run_virtual
+from dynres.runtime.sim.virtual_time import run_virtual
 
 
 def _req(rid: str = "r0", tokens: int = 72) -> GenerationRequest:
@@ -57,7 +57,7 @@ def test_pause_resume_wakeups_do_not_stall_a_request_on_a_virtual_clock() -> Non
 def test_issue_cluster_finishes_on_a_virtual_clock() -> None:
     from dynres.core import get_plugin_manager, load_config, load_policy
     from dynres.runtime.backends.fake import fake_prompts
-    from dynres.runtime.loop.run import RunSpec, run_fully_async
+    from dynres.runtime.loop.driver import RunSpec, run_fully_async
 
     cl = FakeCluster(2, 2, tokens_per_s=100, latency=0.005, phase_times={"update_actor": 0.2})
     cfg = load_config(

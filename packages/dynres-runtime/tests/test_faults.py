@@ -24,12 +24,12 @@ from dynres.core.errors import (
     RunStalledError,
 )
 from dynres.runtime.backends.fake import FakeCluster, FakeReplica, fake_prompts
+from dynres.runtime.loop.driver import FullyAsyncRun, RunSpec
 from dynres.runtime.loop.ledger import checkpoint_sample_ids
 from dynres.runtime.loop.report import RunReport
 from dynres.runtime.loop.routing import LoadBalancer
-from dynres.runtime.loop.run import FullyAsyncRun, RunSpec
 from dynres.runtime.protocols import GenerationRequest
-from dynres.runtime.sim.loop import run_virtual
+from dynres.runtime.sim.virtual_time import run_virtual
 
 DefaultPolicy: Any = type(load_policy("default"))
 

@@ -12,11 +12,11 @@ import pytest
 from dynres.core import Policy, ScheduleContext, get_plugin_manager, hookimpl, load_config
 from dynres.core.config import DynresConfig
 from dynres.runtime.backends.fake import FakeCluster, FakeReplica, fake_prompts
+from dynres.runtime.loop.driver import FullyAsyncRun, RunSpec, max_required_samples, run_fully_async
 from dynres.runtime.loop.queue import MessageQueue
 from dynres.runtime.loop.report import RunReport
 from dynres.runtime.loop.rollouter import Rollouter
 from dynres.runtime.loop.routing import LoadBalancer
-from dynres.runtime.loop.run import FullyAsyncRun, RunSpec, max_required_samples, run_fully_async
 
 
 def make_cfg(

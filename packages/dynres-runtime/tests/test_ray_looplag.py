@@ -88,7 +88,7 @@ async def _run(blocking: bool):
     cfg = load_run_config(RUN)
     cluster = RayCluster(cfg.cluster)
     s_f = Factory(
-        "dynres.runtime.realrun.engines:build_replica",
+        "dynres.runtime.realrun.builders:build_replica",
         {"engine": "fake", "model_path": None, "options": RUN["engines"]["rollout_options"]},
     )
     system = await cluster.start(
@@ -96,7 +96,7 @@ async def _run(blocking: bool):
         standalone=s_f,
         hybrid=s_f,
         trainer=Factory(
-            "dynres.runtime.realrun.engines:build_trainer",
+            "dynres.runtime.realrun.builders:build_trainer",
             {"engine": "fake", "model_path": None, "options": RUN["engines"]["trainer_options"]},
         ),
     )
@@ -105,7 +105,7 @@ async def _run(blocking: bool):
         hybrid = [BlockingRayReplica(r.replica_id, r.kind, r.handle, r._info) for r in system.hybrid]
     try:
         coord = cluster.spawn(CoordinatorActor, 0.01, node_id=driver_node_id())
-        build = Factory("dynres.runtime.realrun.engines:build_spec", {"config": cfg.model_dump()})
+        build = Factory("dynres.runtime.realrun.builders:build_spec", {"config": cfg.model_dump()})
         await asyncio.gather(*(r.loop_lag(reset=True) for r in system.replicas))
         report = await coord.run.remote(build, system.standalone, hybrid, system.trainer)
         lags = {"coordinator": await coord.loop_lag.remote()}

@@ -57,10 +57,10 @@ async def _scenario(cluster, nodes):
     cfg = load_run_config(RUN)
     rc = RayCluster(cfg.cluster)
     replica = Factory(
-        "dynres.runtime.realrun.engines:build_replica", {"engine": "fake", "model_path": None, "options": ROLLOUT}
+        "dynres.runtime.realrun.builders:build_replica", {"engine": "fake", "model_path": None, "options": ROLLOUT}
     )
     trainer = Factory(
-        "dynres.runtime.realrun.engines:build_trainer",
+        "dynres.runtime.realrun.builders:build_trainer",
         {"engine": "fake", "model_path": None, "options": RUN["engines"]["trainer_options"]},
     )
     system = await rc.start(cfg.dynres_config(), standalone=replica, hybrid=replica, trainer=trainer)
@@ -75,7 +75,7 @@ async def _scenario(cluster, nodes):
         coord = rc.spawn(CoordinatorActor, 0.01, node_id=head_id)
         where = await coord.ping.remote()
         assert where == head_id, (where, head_id, [n.node_id for n in nodes])
-        build = Factory("dynres.runtime.realrun.engines:build_spec", {"config": cfg.model_dump()})
+        build = Factory("dynres.runtime.realrun.builders:build_spec", {"config": cfg.model_dump()})
         run = asyncio.ensure_future(_await(coord.run.remote(build, system.standalone, system.hybrid, system.trainer)))
 
         # Wait until the first cycle is done and standalone-1 is busy, then pull its node.

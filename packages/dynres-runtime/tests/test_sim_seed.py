@@ -8,7 +8,7 @@ import statistics
 import pytest
 
 from dynres.core.metrics import MQ_SIZE, TRAIN_UTILIZATION
-from dynres.runtime.loop.run import max_required_samples
+from dynres.runtime.loop.driver import max_required_samples
 from dynres.runtime.sim import SimResult, presets, simulate
 from dynres.runtime.sim.scenario import load_scenario
 

@@ -13,12 +13,12 @@ import pytest
 from dynres.runtime.protocols import GenerationRequest
 from dynres.runtime.sim import simulate
 from dynres.runtime.sim.bound import BoundInputs, CycleWork, lower_bound
-from dynres.runtime.sim.engines import SharedHost, SimReplica
 from dynres.runtime.sim.fit import fit_scenario
-from dynres.runtime.sim.loop import run_virtual
 from dynres.runtime.sim.metrics_io import read_metrics
 from dynres.runtime.sim.presets import preset_names
 from dynres.runtime.sim.scenario import load_scenario
+from dynres.runtime.sim.virtual_engines import SharedHost, SimReplica
+from dynres.runtime.sim.virtual_time import run_virtual
 
 TINY = Path(__file__).parent / "data" / "tiny-static"
 

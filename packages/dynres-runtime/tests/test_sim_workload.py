@@ -11,9 +11,9 @@ import pytest
 
 from dynres.runtime.protocols import GenerationRequest, ReplicaKind
 from dynres.runtime.samples import Repeat
-from dynres.runtime.sim.engines import RESPONSE_TOKENS_KEY, SimReplica, SimReplicaCosts, SimTrainEngine
-from dynres.runtime.sim.loop import run_virtual
 from dynres.runtime.sim.scenario import DecodeConfig, ResponseLengthConfig, TrainConfig
+from dynres.runtime.sim.virtual_engines import RESPONSE_TOKENS_KEY, SimReplica, SimReplicaCosts, SimTrainEngine
+from dynres.runtime.sim.virtual_time import run_virtual
 from dynres.runtime.sim.workload import (
     LengthOracle,
     aggregate_throughput,

@@ -25,7 +25,7 @@ from terminal import popen_like_a_terminal
 from dynres.core import get_plugin_manager, load_config, load_policy
 from dynres.runtime.backends.fake import FakeCluster, FakeReplica, fake_prompts
 from dynres.runtime.cli import main
-from dynres.runtime.loop.run import FullyAsyncRun, RunSpec, run_fully_async
+from dynres.runtime.loop.driver import FullyAsyncRun, RunSpec, run_fully_async
 from dynres.runtime.protocols import ReplicaKind
 from dynres.runtime.sim.fit import fit_scenario
 from dynres.runtime.sim.metrics_io import read_metrics

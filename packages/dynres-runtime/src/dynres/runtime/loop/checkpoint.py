@@ -35,7 +35,7 @@ from dynres.runtime.samples import (
     sample_to_dict,
 )
 
-logger = logging.getLogger("dynres.runtime.loop.run")
+logger = logging.getLogger("dynres.runtime.loop.driver")
 
 CHECKPOINT_FORMAT = "dynres.checkpoint/1"
 """Value of the ``format`` key of a checkpoint; a resume refuses any other."""

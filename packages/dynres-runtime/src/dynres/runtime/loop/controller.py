@@ -32,7 +32,7 @@ States (reported through ``dynres_state_transition``)::
 4. the trainer onloads.
 
 A full garbage collection would stop the loop for as long as it scans every request in flight,
-so none runs during a transition (:func:`~dynres.runtime.loop.gcpolicy.no_full_collection`).
+so none runs during a transition (:func:`~dynres.runtime.loop.gc_control.no_full_collection`).
 
 Each step runs on all replicas concurrently with a per-operation timeout. A replica that fails
 (any exception from ``generate``, a weight load, a wake-up) or times out is reported, taken out
@@ -60,7 +60,7 @@ from dataclasses import dataclass
 import pluggy
 
 from dynres.core.errors import BackendError, RuntimeStateError
-from dynres.runtime.loop.gcpolicy import no_full_collection
+from dynres.runtime.loop.gc_control import no_full_collection
 from dynres.runtime.loop.ops import OpRunner
 from dynres.runtime.loop.routing import LoadBalancer
 from dynres.runtime.protocols import Replica, TrainEngine, WeightUpdate

@@ -21,7 +21,7 @@ and a reason; dynres-verl applies the same ones inside verl, through the same co
 What stays here is what only the runtime needs. The call starts with ``loop.run_in_executor``
 and is bounded by ``asyncio.wait_for``: a slow or hung policy never blocks the event loop, and
 the simulator's virtual-time loop sees the pending executor work (it freezes virtual time while
-the thread runs, see ``dynres.runtime.sim.loop``). A policy's SystemExit or KeyboardInterrupt
+the thread runs, see ``dynres.runtime.sim.virtual_time``). A policy's SystemExit or KeyboardInterrupt
 becomes :class:`PolicyInterrupted`, which ends the run cleanly. Each record adds the run-clock
 time and the real time the call took.
 """

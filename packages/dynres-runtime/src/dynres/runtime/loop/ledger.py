@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from dynres.runtime.loop.run import FullyAsyncRun
+    from dynres.runtime.loop.driver import FullyAsyncRun
 
 
 def checkpoint_sample_ids(checkpoint: Mapping[str, Any] | None) -> list[str]:

@@ -2,7 +2,7 @@
 
 A run whose policy never switches (``static_fully_async``, or a policy that finds no switch worth
 it) records no sleep, wake-up, offload or onload, so nothing fitted to it knows what a switch
-costs on its engines. When :attr:`~dynres.runtime.loop.run.RunSpec.startup_probe` is > 0 and the
+costs on its engines. When :attr:`~dynres.runtime.loop.driver.RunSpec.startup_probe` is > 0 and the
 run has hybrid replicas, :func:`run_startup_probe` carries out that many switch round trips before
 the rollouter starts, in the controller's order:
 

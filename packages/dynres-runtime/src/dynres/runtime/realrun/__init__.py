@@ -1,11 +1,11 @@
 """``dynres run CONFIG``: a whole real run (cluster, engines, policy, prompts) from one YAML file.
 
 :func:`execute` starts everything, runs ``run.steps`` sync cycles through
-:func:`dynres.runtime.loop.run.run_fully_async`, streams one JSONL record per cycle, and tears
+:func:`dynres.runtime.loop.driver.run_fully_async`, streams one JSONL record per cycle, and tears
 everything down, also on Ctrl-C (in-flight work aborted, engines shut down, Ray stopped).
 
 The pieces: :mod:`.config` (the run file), :mod:`.launch` (the run file with its overrides,
-policy, output folder and plots, checked before anything starts), :mod:`.engines` (builders,
+policy, output folder and plots, checked before anything starts), :mod:`.builders` (engine builders,
 factories, model, prompts), :mod:`.on_ray` (the Ray path and its coordinator actor),
 :mod:`.output` (JSONL, report, plots, summary lines). This module re-exports what the CLI, tests
 and benchmarks import.
@@ -23,6 +23,15 @@ from typing import Any
 
 from dynres.core.context import buffer_samples, step_required_samples
 from dynres.core.errors import RunAbortedError
+from dynres.runtime.realrun.builders import (
+    CYCLE_MEAN_PREFIX,
+    build_replica,
+    build_spec,
+    build_trainer,
+    engine_factories,
+    prepare_model,
+    prompt_groups,
+)
 from dynres.runtime.realrun.config import (
     EnginesSection,
     ModelSection,
@@ -31,15 +40,6 @@ from dynres.runtime.realrun.config import (
     TaskSection,
     load_run_config,
     load_run_policy,
-)
-from dynres.runtime.realrun.engines import (
-    CYCLE_MEAN_PREFIX,
-    build_replica,
-    build_spec,
-    build_trainer,
-    engine_factories,
-    prepare_model,
-    prompt_groups,
 )
 from dynres.runtime.realrun.launch import LaunchPlan, plan_launch
 from dynres.runtime.realrun.output import (
@@ -94,7 +94,7 @@ async def _run_local(
 
     On cancellation (Ctrl-C) hands the run's interrupted report to ``on_interrupt`` before re-raising.
     """
-    from dynres.runtime.loop.run import FullyAsyncRun
+    from dynres.runtime.loop.driver import FullyAsyncRun
 
     s_f, h_f, t_f = engine_factories(cfg, model_path)
     dyn = cfg.dynres_config()

@@ -46,7 +46,7 @@ class CoordinatorActor:
 
     async def run(self, build: Factory, standalone: Sequence[Any], hybrid: Sequence[Any], train_engine: Any) -> Any:
         """Build the RunSpec with ``build(standalone=, hybrid=, train_engine=, progress=)`` and run it."""
-        from dynres.runtime.loop.run import FullyAsyncRun
+        from dynres.runtime.loop.driver import FullyAsyncRun
 
         if self._task is not None:
             raise RuntimeStateError("this coordinator already ran; start a new one for another run")
@@ -141,7 +141,7 @@ async def run_on_ray(
     """
     from dynres.runtime.backends.ray._ray import require_ray
     from dynres.runtime.backends.ray.cluster import RayCluster, driver_node_id
-    from dynres.runtime.realrun.engines import engine_factories
+    from dynres.runtime.realrun.builders import engine_factories
 
     ray = require_ray()
     cluster = RayCluster(cfg.cluster)
@@ -156,7 +156,7 @@ async def run_on_ray(
         coordinator = cluster.spawn(
             CoordinatorActor, cfg.cluster.lag_interval_s, node_id=driver_node_id(), name="dynres-coordinator"
         )
-        build = Factory("dynres.runtime.realrun.engines:build_spec", {"config": cfg.model_dump()})
+        build = Factory("dynres.runtime.realrun.builders:build_spec", {"config": cfg.model_dump()})
         # Engine start-up (imports, model loading) is not the run: measure the loops from here.
         await asyncio.gather(*(p.loop_lag(reset=True) for p in [*system.replicas, trainer]))
         run_fut = asyncio.ensure_future(

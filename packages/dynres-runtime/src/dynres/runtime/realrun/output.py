@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from dynres.runtime.realrun.engines import CYCLE_MEAN_PREFIX
+from dynres.runtime.realrun.builders import CYCLE_MEAN_PREFIX
 
 METRICS_FILE = "metrics.jsonl"
 """One JSON record per sync cycle (``dynamic_resource/*`` keys, train metrics, counters)."""

@@ -1,8 +1,8 @@
 """``simulate(scenario)``: the real fully-async runtime on a virtual-time loop with the sim backend.
 
-Nothing here forks the runtime: :func:`dynres.runtime.loop.run.run_fully_async` drives the same
+Nothing here forks the runtime: :func:`dynres.runtime.loop.driver.run_fully_async` drives the same
 controller, balancer, queue, loops and policy code as a real run. The simulator only supplies
-:class:`~dynres.runtime.sim.engines.SimReplica` / :class:`~dynres.runtime.sim.engines.SimTrainEngine`
+:class:`~dynres.runtime.sim.virtual_engines.SimReplica` / :class:`~dynres.runtime.sim.virtual_engines.SimTrainEngine`
 built from the scenario, a prompt source whose prompt groups carry their modelled response
 lengths, and the virtual-time event loop.
 """
@@ -31,7 +31,8 @@ from dynres.runtime.loop.report import CycleReport, RunReport
 from dynres.runtime.protocols import ReplicaKind
 from dynres.runtime.samples import PromptGroup
 from dynres.runtime.sim.bound import BoundInputs, CycleWork, LowerBound, lower_bound, lower_bound_naive
-from dynres.runtime.sim.engines import (
+from dynres.runtime.sim.scenario import Scenario, load_scenario
+from dynres.runtime.sim.virtual_engines import (
     RESPONSE_TOKENS_KEY,
     SharedHost,
     SimReplica,
@@ -39,8 +40,7 @@ from dynres.runtime.sim.engines import (
     SimTrainCosts,
     SimTrainEngine,
 )
-from dynres.runtime.sim.loop import run_virtual
-from dynres.runtime.sim.scenario import Scenario, load_scenario
+from dynres.runtime.sim.virtual_time import run_virtual
 from dynres.runtime.sim.workload import (
     LengthOracle,
     host_peak,
@@ -52,7 +52,7 @@ from dynres.runtime.sim.workload import (
 
 if TYPE_CHECKING:
     from dynres.core.config import DynresConfig
-    from dynres.runtime.loop.run import RunSpec
+    from dynres.runtime.loop.driver import RunSpec
 
 REAL_TIME_KEYS = frozenset({"wall_s", "policy_wall_s"})
 """Report keys measured in real time; left out of the JSON so that it is deterministic."""
@@ -353,7 +353,7 @@ def _run_spec(
 ) -> RunSpec:
     """The RunSpec of a simulated run: the real runtime's, with no timeouts on modelled durations."""
     from dynres.core import get_plugin_manager
-    from dynres.runtime.loop.run import RunSpec
+    from dynres.runtime.loop.driver import RunSpec
 
     return RunSpec(
         config=cfg,
@@ -372,7 +372,7 @@ def _run_spec(
         # clock is the scenario, not a hung engine, so no operation times out.
         op_timeout_s=math.inf,
         # Nor a stall watchdog: a long simulated fit step is not a stall, and a real deadlock
-        # leaves the virtual loop with no timer, which sim.loop reports by itself.
+        # leaves the virtual loop with no timer, which sim.virtual_time reports by itself.
         stall_timeout_s=None,
     )
 
@@ -393,9 +393,9 @@ def simulate(
     :param seed: replaces the scenario's seed (response lengths and routing tie-breaks).
     :param progress: called after each sync cycle with its CycleReport.
     :param overrides: dotted keys to set before validation (what ``--set`` passes).
-    :param thread_grace_s: real seconds a policy call may hold the virtual clock (see sim.loop).
+    :param thread_grace_s: real seconds a policy call may hold the virtual clock (see sim.virtual_time).
     """
-    from dynres.runtime.loop.run import FullyAsyncRun
+    from dynres.runtime.loop.driver import FullyAsyncRun
 
     sc = load_scenario(scenario, overrides=overrides)
     if seed is not None:
@@ -477,7 +477,7 @@ def bound_inputs_for(
         )
         for group in (fit_steps[i : i + trigger] for i in range(0, len(fit_steps) - trigger + 1, trigger))
     ]
-    from dynres.runtime.loop.run import max_required_samples
+    from dynres.runtime.loop.driver import max_required_samples
 
     return BoundInputs(
         trainer_gpus=sc.cluster.trainer_gpus,

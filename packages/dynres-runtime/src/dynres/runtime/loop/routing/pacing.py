@@ -5,7 +5,7 @@ retry first takes one of the ``retry_batch`` slots of the current loop iteration
 (:meth:`RetryPacer.slot`); a pump scheduled with ``call_soon`` runs once per iteration while
 retries are pending, refills the slots and wakes at most ``retry_batch`` waiting retries (they
 run in the next iteration). Full garbage collections are deferred until the burst is routed
-(see loop/gcpolicy.py).
+(see loop/gc_control.py).
 
 **Batched aborts.** A replica that implements :class:`~dynres.runtime.protocols.BatchedReplica`
 (``submit`` + ``abort_batch``) runs each attempt as a future the balancer watches through one
@@ -25,7 +25,7 @@ import asyncio
 from collections import deque
 from collections.abc import Sequence
 
-from dynres.runtime.loop.gcpolicy import defer_full_collections, resume_full_collections
+from dynres.runtime.loop.gc_control import defer_full_collections, resume_full_collections
 from dynres.runtime.loop.routing.attempt import Attempt
 from dynres.runtime.loop.routing.shards import MASK
 from dynres.runtime.protocols import GenerationResult

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from dynres.core.errors import RuntimeStateError
-from dynres.runtime.sim.loop import VirtualTimeLoop, run_virtual
+from dynres.runtime.sim.virtual_time import VirtualTimeLoop, run_virtual
 
 
 def test_sleep_jumps_without_waiting() -> None:

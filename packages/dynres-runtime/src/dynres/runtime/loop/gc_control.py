@@ -6,7 +6,7 @@ collection scans every tracked object: the modules, models and clients built at 
 requests in flight that is a pause of hundreds of milliseconds on the coordinator's one event
 loop, far above the 10 ms lag a deactivation may add. Two steps keep those pauses away:
 
-1. **Start-up** (:func:`run_gc_policy`, entered by ``FullyAsyncRun.run``, so by ``dynres run``,
+1. **Start-up** (:func:`run_gc_control`, entered by ``FullyAsyncRun.run``, so by ``dynres run``,
    ``dynres simulate`` and any program that runs the loop): one collection, then ``gc.freeze()``
    moves every object that exists before the first cycle (modules, models, clients, replicas)
    into the permanent generation, which no collection scans again. It is undone when the run
@@ -48,7 +48,7 @@ _saved: dict[str, int] = {}
 
 
 @contextlib.contextmanager
-def run_gc_policy() -> Iterator[None]:
+def run_gc_control() -> Iterator[None]:
     """Collect once and freeze the start-up objects for the run's duration (nested runs share it)."""
     if _state["runs"] == 0:
         # Objects the host froze itself stay frozen after the run (see the module doc).

@@ -1,7 +1,7 @@
 """Engines of a ``dynres run``: replica and trainer builders, their factories, the model and the prompts.
 
 :func:`build_replica`, :func:`build_trainer` and :func:`build_spec` are the factory targets
-(``"dynres.runtime.realrun.engines:build_replica"``, ...): Ray actors call them where the engine
+(``"dynres.runtime.realrun.builders:build_replica"``, ...): Ray actors call them where the engine
 or the loop will live, and ``runtime: local`` calls them in this process.
 """
 
@@ -147,7 +147,7 @@ def build_spec(
     config: Mapping[str, Any],
 ) -> Any:
     """The RunSpec of a run file (``config`` is RunConfig data); runs where the loop will run."""
-    from dynres.runtime.loop.run import RunSpec
+    from dynres.runtime.loop.driver import RunSpec
 
     cfg = validate_model(RunConfig, config, "config")
     policy = load_run_policy(cfg)

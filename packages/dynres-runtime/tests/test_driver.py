@@ -15,9 +15,9 @@ from dynres.core.config import DynresConfig
 from dynres.core.errors import ConfigError, RunAbortedError
 from dynres.core.metrics import METRIC_KEYS
 from dynres.runtime.backends.fake import FakeCluster, fake_prompts
+from dynres.runtime.loop.driver import CHECKPOINT_FORMAT, FullyAsyncRun, RunSpec, run_fully_async
 from dynres.runtime.loop.ledger import checkpoint_sample_ids, held_sample_ids
 from dynres.runtime.loop.report import RunReport
-from dynres.runtime.loop.run import CHECKPOINT_FORMAT, FullyAsyncRun, RunSpec, run_fully_async
 from dynres.runtime.samples import PromptGroup
 
 
@@ -226,7 +226,7 @@ def test_a_run_object_runs_once() -> None:
 
 
 def _virtual(seed: int) -> RunReport:
-    loop_mod = pytest.importorskip("dynres.runtime.sim.loop")
+    loop_mod = pytest.importorskip("dynres.runtime.sim.virtual_time")
     cl = FakeCluster(2, 2, tokens_per_s=300, response_tokens=lambda r: 20 + hash(r.request_id) % 40, latency=0.05)
     return loop_mod.run_virtual(run_fully_async(spec(cl, num_cycles=5, seed=seed, prompts=fake_prompts(n=2))))
 
@@ -256,7 +256,7 @@ def _token_contexts(hybrid_tokens_per_s: float) -> tuple[list[Any], FakeCluster]
     from dynres.core import ScheduleContext
     from dynres.policies.default import DefaultPolicy
 
-    loop_mod = pytest.importorskip("dynres.runtime.sim.loop")
+    loop_mod = pytest.importorskip("dynres.runtime.sim.virtual_time")
     seen: list[ScheduleContext] = []
 
     class Recording(DefaultPolicy):

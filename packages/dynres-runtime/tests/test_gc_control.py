@@ -9,10 +9,10 @@ from typing import Any
 from dynres.core import get_plugin_manager, load_config, load_policy
 from dynres.runtime.backends.fake import FakeCluster, FakeReplica, FakeTrainEngine, fake_prompts
 from dynres.runtime.loop.controller import Controller
-from dynres.runtime.loop.gcpolicy import full_collections_deferred, no_full_collection, run_gc_policy
+from dynres.runtime.loop.driver import RunSpec, run_fully_async
+from dynres.runtime.loop.gc_control import full_collections_deferred, no_full_collection, run_gc_control
 from dynres.runtime.loop.ops import OpRunner
 from dynres.runtime.loop.routing import LoadBalancer
-from dynres.runtime.loop.run import RunSpec, run_fully_async
 from dynres.runtime.protocols import GenerationRequest, WeightUpdate
 
 
@@ -48,27 +48,27 @@ def test_no_full_collection_blocks_the_collectors_own_full_passes() -> None:
     assert _full_collections_while(_grow_heap) > 0  # the threshold is back
 
 
-def test_run_gc_policy_freezes_start_up_objects_and_undoes_it() -> None:
+def test_run_gc_control_freezes_start_up_objects_and_undoes_it() -> None:
     before = gc.get_threshold()
     startup_object: list[Any] = [["built before the run"]]
     assert _in_a_generation(startup_object)
-    with run_gc_policy():
+    with run_gc_control():
         assert gc.get_freeze_count() > 0
         assert not _in_a_generation(startup_object)  # frozen: no collection scans it
-        with run_gc_policy():  # a second run in the same process shares the step
+        with run_gc_control():  # a second run in the same process shares the step
             assert gc.get_freeze_count() > 0
         assert gc.get_freeze_count() > 0
     assert gc.get_freeze_count() == 0 and _in_a_generation(startup_object)
     assert gc.get_threshold() == before
 
 
-def test_run_gc_policy_leaves_a_freeze_of_the_host_program_in_place() -> None:
+def test_run_gc_control_leaves_a_freeze_of_the_host_program_in_place() -> None:
     host_object: list[Any] = [["frozen by the host before the run"]]
     gc.freeze()  # the host program's own start-up freeze
     try:
         host_count = gc.get_freeze_count()
         assert host_count > 0 and not _in_a_generation(host_object)
-        with run_gc_policy():
+        with run_gc_control():
             assert gc.get_freeze_count() >= host_count
         # The run must not unfreeze what the host froze: the object is still in no generation.
         assert not _in_a_generation(host_object)
@@ -172,7 +172,7 @@ def test_transitions_and_retry_bursts_defer_full_collections() -> None:
 
 def test_the_last_run_ends_a_deferral_its_loop_left_open() -> None:
     before = gc.get_threshold()
-    with run_gc_policy():
+    with run_gc_control():
         no_full_collection().__enter__()  # a retry burst whose loop closed before it was routed
         assert full_collections_deferred()
     assert not full_collections_deferred()

@@ -43,7 +43,7 @@ from dynres.runtime.loop.clock import RunClock
 from dynres.runtime.loop.controller import Controller, ControllerState
 from dynres.runtime.loop.cycle import LoopWiring, StopRun, TrainerLoop, maybe_await
 from dynres.runtime.loop.decisions import DecisionGuard, DecisionRecord, PolicyInterrupted
-from dynres.runtime.loop.gcpolicy import run_gc_policy
+from dynres.runtime.loop.gc_control import run_gc_control
 from dynres.runtime.loop.ops import OpRunner
 from dynres.runtime.loop.probe import StartupProbe, run_startup_probe
 from dynres.runtime.loop.queue import MessageQueue
@@ -54,7 +54,7 @@ from dynres.runtime.loop.tracker import RunTracker
 from dynres.runtime.protocols import Replica, TrainEngine
 from dynres.runtime.samples import PromptGroup, Sample
 
-logger = logging.getLogger("dynres.runtime.loop.run")
+logger = logging.getLogger("dynres.runtime.loop.driver")
 
 __all__ = [
     "CHECKPOINT_FORMAT",
@@ -336,9 +336,9 @@ class FullyAsyncRun:
                 raise self._aborted(exc, 0.0, [], [], stopped, where="during the start-up probe") from exc
             self._keep_probe(probe)
         self.rollouter.start_window()
-        # The runtime's GC step (loop/gcpolicy.py): start-up objects frozen, full collections
+        # The runtime's GC step (loop/gc_control.py): start-up objects frozen, full collections
         # kept out of transitions; undone when the run ends.
-        with run_gc_policy():
+        with run_gc_control():
             return await self._run_cycles()
 
     def _keep_probe(self, probe: StartupProbe) -> None:
