@@ -1,145 +1,78 @@
-"""`predictive`: lend the trainer's GPUs only when a forecast of the next cycle says it pays."""
+"""`predictive`: lend the trainer's GPUs only when a forecast of the next cycle says it pays.
+
+The numbers it learns and forecasts (:class:`Estimates`, :class:`Forecast`) live in
+``dynres.policies.predictive_estimates``; the figures behind its defaults and rules, with the
+commands that measured them, in docs/builtin-policies.md.
+"""
 
 from __future__ import annotations
 
 import math
+import sys
+import warnings
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import replace
 from typing import Any
 
 from pydantic import ConfigDict, Field, model_validator
 
 from dynres.core import Policy, ScheduleContext
-from dynres.core.errors import PolicyValidationError
+from dynres.policies.predictive_estimates import (
+    Estimates,
+    Forecast,
+    ema,
+    learn_share,
+    replica_ratio,
+    standalone_rate,
+)
 
+__all__ = ["DRAIN_MIN_RATIO", "RENAMED_PARAMS", "Estimates", "Forecast", "PredictivePolicy"]
 
-@dataclass(frozen=True)
-class Estimates:
-    """What the policy has learned from finished cycles (all JSON numbers; 0 = not measured yet).
-
-    Rates are kept relative to the training time of a cycle, so they stay valid while response
-    lengths (and with them both generation and training time) grow during a run.
-    """
-
-    train_s: float = 0.0
-    """Seconds of train_step calls per sync cycle (seconds)."""
-    sync_s: float = 0.0
-    """Seconds of one weight sync (seconds)."""
-    sync_min_s: float = 0.0
-    """Shortest weight sync of any cycle: a sync that drained no running samples (seconds; 0 = none yet)."""
-    activate_s: float = 0.0
-    """Seconds of one activation (seconds)."""
-    deactivate_s: float = 0.0
-    """Seconds of one deactivation (seconds)."""
-    standalone_share: float = 0.0
-    """Samples the standalone replicas produce per second of training, over a cycle's samples
-    (1 = exactly keeps up with the trainer; fraction)."""
-    wait_bias: float = 0.0
-    """Correction added to the forecast wait target, learned from waits after deactivation (samples)."""
-    token_gain: float = -1.0
-    """Hybrid replicas' token rate while routable over the standalone replicas' token rate in the
-    same cycles (ratio, the model's rho measured directly; -1 = engines count no tokens or no hybrid
-    cycle yet)."""
-    static_idle_share: float = -1.0
-    """Realised trainer idle per second of training in cycles without hybrids (ratio; -1 = none seen)."""
-    hybrid_idle_share: float = -1.0
-    """The same in cycles with hybrids, activation and deactivation included (ratio; -1 = none seen)."""
-    hybrid_cycles: int = 0
-    """Cycles that ran with hybrid replicas (count)."""
-    last_hybrid_step: int = 0
-    """global_steps after the latest cycle that ran with hybrid replicas (global step; 0 = none)."""
-    static_cycles: int = 0
-    """Cycles that ran without hybrid replicas (count)."""
-    queue_end: float = -1.0
-    """Queue size at the end of the latest cycle: the next cycle's starting stock (samples; -1 = none yet)."""
-    wait_cap: float = 0.0
-    """Most the wait target may be, set by the first cycle with hybrids and moved by what later ones
-    missed, like ``wait_bias`` (samples; 0 = none, or released by a draining sync)."""
-    losses: int = 0
-    """Consecutive hybrid cycles that realised no saving over the static reference (count)."""
-    backoff: int = 0
-    """Length of the latest back-off (cycles; 0 = never backed off)."""
-    suppress_until: int = 0
-    """No activation while global_steps is below this (global step; a back-off in force)."""
-
-
-@dataclass(frozen=True)
-class Forecast:
-    """The next cycle's trainer idle with and without hybrid replicas, and the wait target."""
-
-    static_idle_s: float
-    """Forecast trainer idle without hybrid replicas (seconds)."""
-    hybrid_idle_s: float
-    """Forecast trainer idle with hybrid replicas, activation and deactivation included (seconds)."""
-    switch_s: float
-    """Measured (or assumed) activation + deactivation cost (seconds)."""
-    wait_samples: int
-    """Queue size to wait for before deactivating (samples)."""
-    window_s: float = 0.0
-    """How long the hybrid replicas must stay routable for the queue to reach ``wait_samples``,
-    standalone and hybrid production together (seconds; 0 when nothing was measured)."""
-
-    @property
-    def saving_s(self) -> float:
-        """Idle the hybrid replicas are expected to remove, switches paid (seconds; may be negative)."""
-        return self.static_idle_s - self.hybrid_idle_s
+RENAMED_PARAMS: dict[str, str] = {
+    "probe_interval_min": "backoff_min_cycles",
+    "probe_interval_max": "backoff_max_cycles",
+}
+"""Deprecated param name -> its current name; the old name still loads, with a FutureWarning."""
 
 
 class PredictivePolicy(Policy):
     """Forecast the next cycle's trainer idle and lend the GPUs only when the saving beats the switch.
 
-    The model of one sync cycle (``n`` fit steps of ``t`` seconds, ``k`` samples each, ``q``
-    samples queued when it starts, standalone production ``g`` samples/s, hybrid replicas adding
-    ``rho x g`` while active, activation ``a`` and deactivation ``d`` seconds):
+    **Model** of a sync cycle: ``n`` fit steps of ``t`` s, ``k`` samples each, ``q`` samples queued
+    at its start, standalone production ``g`` samples/s, hybrids adding ``rho x g`` while active,
+    activation ``a`` and deactivation ``d`` s. Without hybrids the trainer idles ``X = max(0,
+    max_i ((i + 1) k - q) / g - i t)``; hybrids active for the least time that removes every wait,
+    ``(X - a - d) / (1 + rho)``, save ``(X - a - d) rho / (1 + rho)``.
 
-    * without hybrids fit step ``i`` (from 0) needs ``(i + 1) k`` samples ``i t`` seconds in, so
-      the trainer idles ``X = max(0, max_i ((i + 1) k - q) / g - i t)``;
-    * with hybrids active for ``h`` seconds the same samples arrive ``rho h`` seconds of
-      production earlier, at the price of ``a + d``; the least ``h`` that removes every later wait
-      is ``(X - a - d) / (1 + rho)``, so the idle is ``a + d + h`` and the saving
-      ``(X - a - d) rho / (1 + rho)``.
+    **Decisions**; each exception is a case where the forecast is wrong or cannot pay:
 
-    ``should_activate_after_step`` says yes when that saving exceeds ``switch_cost_margin`` of
-    the measured switch cost, and the queue does not already hold the wait target (the next cycle
-    would deactivate at once). ``X`` is at least the idle measured in cycles without hybrids (the
-    constant-rate model misses the pipeline's restart after a sync). The wait target is what the
-    queue must hold at deactivation so that the standalone production alone feeds every fit step,
-    plus a correction learned from the waits that still happened (a weight sync that had to drain
-    running samples, without partial rollout, counts as one) and cut after cycles that never
-    waited (``wait_decrease``, or ``wait_decrease_unbuffered`` where staleness 0 leaves no buffer
-    for a long window to fill). After a first cycle with hybrids the target is at most that cycle's
-    target raised by its miss (:meth:`second_wait_cap`), a cap later cycles raise and cut as they
-    do the correction, until a sync drains running samples (``wait_cap``).
+    * activate when that saving exceeds ``switch_cost_margin`` switch costs;
+    * always in an only-hybrid cluster (nothing else generates); never after the final sync, nor
+      before the final cycle unless the wait target exceeds the queue plus ``in_flight_credit`` of
+      the samples in flight (no later cycle uses what a window leaves queued);
+    * never when the queue already holds the wait target (the next cycle would deactivate at
+      once), during a back-off, or while ``calibrate_static`` wants a cycle without hybrids;
+    * before anything is measured, per ``activate_at_start`` (the first switch is unmeasured);
+      after a first cycle with hybrids, on its measured waits instead of ``X`` (it trained on the
+      short samples first, so a forecast from it overstates the idle);
+    * wait target: what lets the standalone production alone feed every fit step after the
+      deactivation, plus the learned ``wait_bias``, at most ``wait_cap`` (a target forecast from
+      the first cycle runs high);
+    * deactivate whenever hybrids are active.
 
-    Every cycle updates the estimates (exponential averages with weight ``ema_weight``; idle
-    counted at equal stock, :meth:`stock_adjusted_idle`); a cycle in which the trainer never waited
-    and the queue reached its staleness cap only raises production estimates (it was held back by
-    the budget, not by the replicas). ``rho`` starts at the replica-count ratio (a hybrid replica
-    as fast as a standalone one) and is measured against the idle of cycles without hybrids (once
-    ``static_reference_cycles`` of them ran), and, where the engines count tokens, from the hybrid
-    replicas' token rate (``token_gain``; below ``min_hybrid_gain`` they count as adding nothing).
-    The first cycle's production estimate is replaced by the second's, not averaged. With
-    ``calibrate_static`` on, cycles that start with a full queue run without hybrids to measure it
-    until that reference exists, but only while the forecast saving is within
-    ``calibrate_max_saving`` switch costs (a clear saving is not worth a cycle of waiting).
+    **Estimates**: running averages (``ema_weight``) relative to a cycle's training time, so that
+    they hold while responses grow. ``X`` is at least the idle measured without hybrids (the model
+    misses the pipeline's restart after a sync), counted at equal stock (a cycle that fills the
+    queue did part of the next one's work). ``rho`` starts at the replica-count ratio and is then
+    measured: token rates bound what hybrids add, idle with and without them what they realise.
+    ``wait_bias`` rises by ``wait_increase`` x the most samples a fit step still waited for (a sync
+    that drained running samples counts) and falls by ``wait_decrease`` after a cycle that never
+    waited.
 
-    After each hybrid cycle the realised idle (everything but training and the weight sync,
-    switches included) is compared with the static reference: the idle per training second of
-    cycles without hybrids, once ``static_reference_cycles`` of them ran. After ``backoff_after``
-    hybrid cycles in a row without a saving the policy stops activating for
-    ``probe_interval_min`` cycles, and doubles the pause (up to
-    ``probe_interval_max``) each time the next probe fails too. An only-hybrid cluster always
-    activates (nothing else generates). When the run's length is known: nothing is activated
-    after its final sync; before the final cycle only if the wait target exceeds the queue plus
-    ``in_flight_credit`` of the samples in flight (those are partly generated and arrive early,
-    and a window for samples that come anyway is a switch for nothing). Before the first cycle
-    (nothing measured) only if the replica-count prior ``rho`` is at least
-    ``activate_at_start_min_gain``. After a first
-    cycle that ran with hybrids and ended with a collection queued, ``X`` is that cycle's measured
-    fit-step waits, not the forecast: the first cycle trains on the samples that finished first
-    (the short ones), so its training time understates later cycles' and the forecast overstates
-    the idle. The hybrid idle it is compared with includes the window the wait target needs
-    (``Forecast.window_s``): the target still comes from the forecast.
+    **Back-off**: after ``backoff_after`` hybrid cycles in a row that idled no less than the
+    reference of ``static_reference_cycles`` cycles without hybrids, no activation for
+    ``backoff_min_cycles``, then one trial cycle; each failed trial doubles the pause, up to
+    ``backoff_max_cycles``.
     """
 
     name = "predictive"
@@ -200,9 +133,18 @@ class PredictivePolicy(Policy):
         backoff_after: int = Field(
             3, ge=1, description="Hybrid cycles in a row without a realised saving before backing off (count)."
         )
-        probe_interval_min: int = Field(4, ge=1, description="Cycles without activation after a back-off (cycles).")
-        probe_interval_max: int = Field(
-            32, ge=1, description="Longest back-off; each failed probe doubles it up to this (cycles)."
+        backoff_min_cycles: int = Field(
+            4,
+            ge=1,
+            description="Cycles without activation after a first back-off (cycles; formerly probe_interval_min, "
+            "which still loads with a warning).",
+        )
+        backoff_max_cycles: int = Field(
+            32,
+            ge=1,
+            description="Longest back-off: each failed trial cycle doubles the pause up to this; also the age "
+            "after which a measurement of the hybrids is refreshed by one trial cycle (cycles; formerly "
+            "probe_interval_max, which still loads with a warning).",
         )
         activate_at_start: bool = Field(
             True,
@@ -250,8 +192,8 @@ class PredictivePolicy(Policy):
             ge=1,
             description="Cycles without hybrids (the run's first included) before their idle counts as the "
             "reference that measures rho and decides a back-off: the first such cycle after hybrid ones "
-            "starts with the hybrids' partly generated work in flight and idles least (seed-dynamic-16-16, "
-            "seed 1: 173 s, then 190-330 s), so alone it makes hybrids look useless (count).",
+            "starts with the hybrids' partly generated work in flight and idles least, so alone it makes "
+            "hybrids look useless (count).",
         )
         min_hybrid_gain: float = Field(
             0.15,
@@ -263,10 +205,30 @@ class PredictivePolicy(Policy):
         )
         rebalance: bool = Field(True, description="Move in-flight work onto freshly activated replicas.")
 
+        @model_validator(mode="before")
+        @classmethod
+        def _renamed_params(cls, data: Any) -> Any:
+            # extra="forbid" rejects the old names, so they are moved to the new ones before validation.
+            if not isinstance(data, Mapping) or not RENAMED_PARAMS.keys() & data.keys():
+                return data
+            data = dict(data)
+            for old, new in RENAMED_PARAMS.items():
+                if old not in data:
+                    continue
+                if new in data:
+                    raise ValueError(f"{old!r} is the deprecated name of {new!r}; give only {new!r}")
+                warnings.warn(
+                    f"predictive param {old!r} is deprecated; rename it to {new!r}",
+                    FutureWarning,
+                    stacklevel=_caller_stacklevel(),
+                )
+                data[new] = data.pop(old)
+            return data
+
         @model_validator(mode="after")
         def _check_bounds(self) -> PredictivePolicy.Params:
-            if self.probe_interval_min > self.probe_interval_max:
-                raise ValueError("probe_interval_min must be <= probe_interval_max")
+            if self.backoff_min_cycles > self.backoff_max_cycles:
+                raise ValueError("backoff_min_cycles must be <= backoff_max_cycles")
             return self
 
     params: Params
@@ -309,26 +271,24 @@ class PredictivePolicy(Policy):
         fc = self.forecast(ctx, est)
         if remaining == 1 and fc.wait_samples <= ctx.queue_size + self.params.in_flight_credit * ctx.in_flight_samples:
             # The final cycle: no later cycle gains from what a window leaves queued, so a window
-            # is worth it only if the fit steps need more than what is queued or nearly done
-            # (verl-7b-async-32-32: a 70 s window for samples that came in time anyway).
+            # is worth it only if the fit steps need more than what is queued or nearly done.
             return False
         if ctx.global_steps == 0 or est.train_s <= 0:
             # Nothing measured: the trainer waits for its first batch anyway, and the hybrids
             # remove a rho / (1 + rho) share of that wait; a small prior share does not repay a
             # switch that is unmeasured and may be slow (cold engines).
-            return self.params.activate_at_start and _replica_ratio(ctx) >= self.params.activate_at_start_min_gain
+            return self.params.activate_at_start and replica_ratio(ctx) >= self.params.activate_at_start_min_gain
         if ctx.global_steps < est.suppress_until:
             return False
         p = self.params
         if ctx.global_steps == 1 and ctx.last_hybrid_active_s > 0 and ctx.queue_size >= ctx.required_samples:
             # The first cycle trained on the samples that finished first, the short ones: its
-            # training time understates later cycles' (1.75-1.8x on two presets), so a forecast
-            # from it overstates the next idle. When that cycle ended with a collection queued,
-            # decide on what it measured instead: its fit steps' waits after the hybrid replicas
-            # left, taken as the static idle X of the model's saving (the test below, X measured).
-            # The wait target still comes from the forecast, and the window it makes the hybrids
-            # hold is paid even where the measured waits are short (verl-7b-async-16-16, seed 0:
-            # 39 s of waits, then a 300 s window where the cycle without hybrids waited 7 s).
+            # training time understates later cycles', so a forecast from it overstates the next
+            # idle. When that cycle ended with a collection queued, decide on what it measured
+            # instead: its fit steps' waits after the hybrid replicas left, taken as the static
+            # idle X of the model's saving (the test below, X measured). The wait target still
+            # comes from the forecast, and the window it makes the hybrids hold is paid even where
+            # the measured waits are short.
             switch = self.switch_cost(est)
             rho = self.hybrid_gain(ctx, est)
             waits = sum(ctx.step_wait_times)
@@ -339,10 +299,10 @@ class PredictivePolicy(Policy):
             # so the hybrid replicas would only cost their switch.
             return False
         if est.backoff and ctx.global_steps == est.suppress_until:
-            return True  # the back-off is over: probe once, the realised cycle decides again
-        stale = ctx.global_steps - est.last_hybrid_step >= p.probe_interval_max
+            return True  # the back-off is over: one trial cycle, whose realised idle decides again
+        stale = ctx.global_steps - est.last_hybrid_step >= p.backoff_max_cycles
         if stale and est.hybrid_cycles and fc.static_idle_s > fc.switch_s:
-            return True  # what hybrids add was measured long ago: probe once
+            return True  # what hybrids add was measured long ago: one trial cycle
         if (
             p.calibrate_static
             and not self._static_reference(est)
@@ -400,7 +360,7 @@ class PredictivePolicy(Policy):
         measured = self.measured_gain(est)
         if math.isfinite(measured):
             return measured
-        return _replica_ratio(ctx)
+        return replica_ratio(ctx)
 
     def initial_wait_ratio(self, ctx: ScheduleContext) -> float:
         """Wait target before anything is measured (fraction of a cycle's samples).
@@ -408,12 +368,11 @@ class PredictivePolicy(Policy):
         ``initial_wait_ratio`` is meant for as many hybrid (trainer) as standalone replicas. With
         ``rho > 1`` times as many, the standalone replicas are ``rho`` times fewer next to the same
         trainer, so they deliver about ``1 / rho`` as much while it trains: the share of the cycle
-        left to them, ``1 - initial_wait_ratio``, shrinks to ``(1 - initial_wait_ratio) / rho``
-        (rollout-starved-24-8, seed 0: 0.5 made the first cycle's fit steps wait 403 s, 0.83 made
-        them wait 66 s). Never below ``initial_wait_ratio``.
+        left to them, ``1 - initial_wait_ratio``, shrinks to ``(1 - initial_wait_ratio) / rho``.
+        Never below ``initial_wait_ratio``.
         """
         ratio = self.params.initial_wait_ratio
-        rho = _replica_ratio(ctx)
+        rho = replica_ratio(ctx)
         return max(ratio, 1.0 - (1.0 - ratio) / rho) if rho > 1.0 else ratio
 
     def initial_wait(self, ctx: ScheduleContext) -> int:
@@ -428,8 +387,7 @@ class PredictivePolicy(Policy):
 
         The first cycle trained on the samples that finished first (the short ones), so the training
         time it measured understates the second cycle's, and a target forecast from it comes out too
-        high (verl-7b-async-64-64, seed 2: 351 samples and a 212 s window whose fit steps never
-        waited, where 204 would have done).
+        high: a window whose fit steps never wait.
         """
         return self.initial_wait(ctx) + math.ceil(self.params.wait_increase * max(ctx.step_wait_samples, default=0))
 
@@ -445,7 +403,7 @@ class PredictivePolicy(Policy):
                 static_idle_s=0.0, hybrid_idle_s=switch, switch_s=switch, wait_samples=self.initial_wait(ctx)
             )
         t = est.train_s / n
-        g = _standalone_rate(ctx, est)
+        g = standalone_rate(ctx, est)
         static_idle = max(0.0, *(((i + 1) * k - q) / g - i * t for i in range(n)))
         if est.static_idle_share > 0:
             # The constant-rate model misses the pipeline's restart after each sync (all of it
@@ -454,8 +412,8 @@ class PredictivePolicy(Policy):
         rho = self.hybrid_gain(ctx, est)
         fill = max(0.0, static_idle - switch) / (1.0 + rho)
         # What the standalone replicas alone deliver after the deactivation: a target that counts on
-        # the hybrids' resumed work as well ends windows early when they did little (measured on
-        # seed-dynamic-16-16: collections then waited 80-170 s after a window of 0 s).
+        # the hybrids' resumed work as well ends windows early when they did little, and the fit
+        # steps then wait after all.
         wait_f = max((i + 1) * k - g * (est.deactivate_s + i * t) for i in range(n))
         wait_f += est.wait_bias + self.params.wait_margin * step_required
         if not all(math.isfinite(x) for x in (static_idle, fill, wait_f)):
@@ -480,81 +438,92 @@ class PredictivePolicy(Policy):
         if ctx.global_steps <= 0 or ctx.last_cycle_time_s <= 0:
             return est
         w = self.params.ema_weight
-        step_required = ctx.step_required_samples
-        cycle_s = ctx.last_cycle_time_s
-        train_s = step_required / ctx.consumption_rate if ctx.consumption_rate > 0 else ctx.last_train_time_s
+        if ctx.consumption_rate > 0:
+            train_s = ctx.step_required_samples / ctx.consumption_rate
+        else:
+            train_s = ctx.last_train_time_s
         if not (0 < train_s < _MAX_SECONDS):
             # Nothing measured, or a rate too small to be a measurement. The queue is still this
             # cycle's end: the next cycle's stock is counted from it, not from one cycle earlier.
             return replace(est, queue_end=float(ctx.queue_size))
-        waited = sum(ctx.step_wait_times) > 0
-        # Neither waited nor below the staleness cap: production was held back by the budget.
-        throttled = not waited and ctx.queue_size >= ctx.buffer_samples
-        generated = ctx.generation_rate * cycle_s
-        h = ctx.last_hybrid_active_s
         out = replace(
             est,
-            train_s=_ema(est.train_s, train_s, w),
-            sync_s=_ema(est.sync_s, ctx.last_sync_s, w) if ctx.last_sync_s > 0 else est.sync_s,
+            train_s=ema(est.train_s, train_s, w),
+            sync_s=ema(est.sync_s, ctx.last_sync_s, w) if ctx.last_sync_s > 0 else est.sync_s,
             sync_min_s=min(est.sync_min_s or math.inf, ctx.last_sync_s) if ctx.last_sync_s > 0 else est.sync_min_s,
             activate_s=ctx.last_activate_duration_s or est.activate_s,
             deactivate_s=ctx.last_deactivate_duration_s or est.deactivate_s,
         )
-        idle_s = self.stock_adjusted_idle(ctx, out, max(0.0, cycle_s - train_s - ctx.last_sync_s))
-        # The run's first cycle starts from an empty pipeline and says little about later ones.
-        settled = ctx.global_steps > 1
-        # The first cycle also trained on the samples that finished first, the short ones: per
-        # second of its (short) training the production looks low (standalone_share 0.22 after it
-        # against 0.4 later on seed-dynamic-64-64, wait targets 30-60 samples too high for the
-        # next three cycles). The second cycle's measurement replaces it instead of averaging.
-        settled_before = ctx.global_steps > 2
-        if h > 0:
-            if ctx.last_standalone_tokens > 0:
-                # Tokens per second: the hybrids' over their routable time against the standalone
-                # replicas' over the whole cycle (their counts lag by the requests still running;
-                # over a whole cycle that is a small share).
-                gain = (ctx.last_hybrid_tokens / h) / (ctx.last_standalone_tokens / cycle_s)
-                if gain < _MAX_GAIN:  # a window of a few nanoseconds is no measurement
-                    prev = out.token_gain
-                    out = replace(out, token_gain=gain if prev < 0 else (1.0 - w) * prev + w * gain)
-            out = replace(out, hybrid_cycles=out.hybrid_cycles + 1, last_hybrid_step=ctx.global_steps)
-            if out.static_cycles == 0:
-                # No cycle without hybrids yet: infer the standalone production through rho.
-                share = generated / (cycle_s + self.production_gain(ctx, out) * h) * train_s / step_required
-                out = _learn_share(out, share, throttled, w, replace_old=not settled_before)
-            # The wait target missed by what the collections still had to wait for; a cycle
-            # that never waited may have waited too long for its hybrids: lower it a little.
-            drain = self.drain_samples(ctx, out)
-            missing = max(ctx.step_wait_samples, default=0) + drain
-            if missing:
-                step = self.params.wait_increase * missing
-            else:
-                cut = self.params.wait_decrease if ctx.buffer_samples else self.params.wait_decrease_unbuffered
-                step = -cut * step_required
-            bias = out.wait_bias + step
-            out = replace(out, wait_cap=self._next_wait_cap(ctx, out, step, drain))
-            if settled:
-                share = (idle_s + ctx.last_activate_duration_s) / train_s
-                prev = out.hybrid_idle_share
-                out = replace(
-                    out,
-                    wait_bias=max(-step_required, min(step_required, bias)),
-                    hybrid_idle_share=share if prev < 0 else _ema(prev, share, w),
-                )
-                out = self._judge(ctx, out)
+        idle_s = self.stock_adjusted_idle(ctx, out, max(0.0, ctx.last_cycle_time_s - train_s - ctx.last_sync_s))
+        if ctx.last_hybrid_active_s > 0:
+            out = self._learn_hybrid_cycle(ctx, out, train_s, idle_s)
         else:
-            share = generated / cycle_s * train_s / step_required
-            if est.static_cycles == 0 and share > 0:
-                # The first direct measurement replaces what was inferred through the prior.
-                out = replace(out, standalone_share=share)
-            else:
-                out = _learn_share(out, share, throttled, w, replace_old=not settled_before)
-            out = replace(out, static_cycles=out.static_cycles + 1)
-            if settled:
-                share = idle_s / train_s
-                prev = out.static_idle_share
-                out = replace(out, static_idle_share=share if prev < 0 else _ema(prev, share, w))
+            out = self._learn_static_cycle(ctx, out, train_s, idle_s)
         return replace(out, queue_end=float(ctx.queue_size))
+
+    def _learn_hybrid_cycle(self, ctx: ScheduleContext, est: Estimates, train_s: float, idle_s: float) -> Estimates:
+        """``est`` after a cycle that ran with hybrid replicas: what they generated, by how much the
+        wait target missed, and the realised idle (seconds of training ``train_s``, idle ``idle_s``)."""
+        w = self.params.ema_weight
+        step_required = ctx.step_required_samples
+        cycle_s, h = ctx.last_cycle_time_s, ctx.last_hybrid_active_s
+        out = est
+        if ctx.last_standalone_tokens > 0:
+            # Tokens per second: the hybrids' over their routable time against the standalone
+            # replicas' over the whole cycle (their counts lag by the requests still running;
+            # over a whole cycle that is a small share).
+            gain = (ctx.last_hybrid_tokens / h) / (ctx.last_standalone_tokens / cycle_s)
+            if gain < _MAX_GAIN:  # a window of a few nanoseconds is no measurement
+                prev = out.token_gain
+                out = replace(out, token_gain=gain if prev < 0 else (1.0 - w) * prev + w * gain)
+        out = replace(out, hybrid_cycles=out.hybrid_cycles + 1, last_hybrid_step=ctx.global_steps)
+        if out.static_cycles == 0:
+            # No cycle without hybrids yet: infer the standalone production through rho.
+            generated = ctx.generation_rate * cycle_s
+            share = generated / (cycle_s + self.production_gain(ctx, out) * h) * train_s / step_required
+            out = learn_share(out, share, _throttled(ctx), w, replace_old=_first_production(ctx))
+        # The wait target missed by what the collections still had to wait for; a cycle
+        # that never waited may have waited too long for its hybrids: lower it a little.
+        drain = self.drain_samples(ctx, out)
+        missing = max(ctx.step_wait_samples, default=0) + drain
+        if missing:
+            step = self.params.wait_increase * missing
+        else:
+            cut = self.params.wait_decrease if ctx.buffer_samples else self.params.wait_decrease_unbuffered
+            step = -cut * step_required
+        bias = out.wait_bias + step
+        out = replace(out, wait_cap=self._next_wait_cap(ctx, out, step, drain))
+        if ctx.global_steps > 1:  # the run's first cycle starts from an empty pipeline
+            share = (idle_s + ctx.last_activate_duration_s) / train_s
+            prev = out.hybrid_idle_share
+            # Float bounds: min/max return the bound itself, and an int bound would make the
+            # field an int, which a checkpoint saves as such and loads back as a float.
+            bound = float(step_required)
+            out = replace(
+                out,
+                wait_bias=max(-bound, min(bound, bias)),
+                hybrid_idle_share=share if prev < 0 else ema(prev, share, w),
+            )
+            out = self._judge(ctx, out)
+        return out
+
+    def _learn_static_cycle(self, ctx: ScheduleContext, est: Estimates, train_s: float, idle_s: float) -> Estimates:
+        """``est`` after a cycle without hybrid replicas: the standalone production and the idle of
+        the static reference (seconds of training ``train_s``, idle ``idle_s``)."""
+        w = self.params.ema_weight
+        generated = ctx.generation_rate * ctx.last_cycle_time_s
+        share = generated / ctx.last_cycle_time_s * train_s / ctx.step_required_samples
+        if est.static_cycles == 0 and share > 0:
+            # The first direct measurement replaces what was inferred through the prior.
+            out = replace(est, standalone_share=share)
+        else:
+            out = learn_share(est, share, _throttled(ctx), w, replace_old=_first_production(ctx))
+        out = replace(out, static_cycles=out.static_cycles + 1)
+        if ctx.global_steps > 1:  # the run's first cycle starts from an empty pipeline
+            share = idle_s / train_s
+            prev = out.static_idle_share
+            out = replace(out, static_idle_share=share if prev < 0 else ema(prev, share, w))
+        return out
 
     def stock_adjusted_idle(self, ctx: ScheduleContext, est: Estimates, idle_s: float) -> float:
         """A cycle's trainer idle less the standalone production time of the samples it added to the
@@ -563,14 +532,13 @@ class PredictivePolicy(Policy):
         A cycle with hybrids that ends with a fuller queue than it started with has done part of the
         next cycle's work, and the cycle without hybrids after it idles little because it uses that
         stock up: counted raw, the pair blames the hybrids for the window and credits the static
-        cycle with the hybrids' samples (moe-bigswitch-32-32, seed 1: one hybrid cycle measured
-        0.69 idle per training second against 0.36 without, so rho was measured 0 and the policy
-        never switched again; 0.928 -> 0.918 x default over six seeds once the stock is counted).
+        cycle with the hybrids' samples, and the measured rho can fall to 0 so that the policy never
+        switches again.
         """
         if est.queue_end < 0 or est.standalone_share <= 0 or est.train_s <= 0:
             return idle_s
         stocked = ctx.queue_size - est.queue_end
-        return max(0.0, idle_s - stocked / _standalone_rate(ctx, est))
+        return max(0.0, idle_s - stocked / standalone_rate(ctx, est))
 
     def drain_samples(self, ctx: ScheduleContext, est: Estimates) -> int:
         """Samples the standalone replicas would have delivered while the latest weight sync took
@@ -579,7 +547,7 @@ class PredictivePolicy(Policy):
         Without partial rollout a sync first waits for the running samples to finish, and the
         trainer idles meanwhile. A longer window leaves fewer of them running at the sync (the
         staleness budget closes admission earlier), so that drain is a wait the target missed by,
-        like a fit step's; counting it moved seed-no-partial-16-16 from 1.001 to 0.973 x default.
+        like a fit step's.
         """
         if est.sync_min_s <= 0 or est.standalone_share <= 0 or est.train_s <= 0:
             return 0
@@ -588,7 +556,7 @@ class PredictivePolicy(Policy):
             # it would raise the target a little every cycle.
             return 0
         drain_s = ctx.last_sync_s - est.sync_min_s
-        return int(drain_s * _standalone_rate(ctx, est))
+        return int(drain_s * standalone_rate(ctx, est))
 
     def _next_wait_cap(self, ctx: ScheduleContext, est: Estimates, step: float, drain: int) -> float:
         """``wait_cap`` after a cycle with hybrids whose correction moved by ``step`` samples and
@@ -619,56 +587,25 @@ class PredictivePolicy(Policy):
         if losses < self.params.backoff_after:
             return replace(est, losses=losses)
         p = self.params
-        backoff = p.probe_interval_min if est.backoff == 0 else min(p.probe_interval_max, 2 * est.backoff)
+        backoff = p.backoff_min_cycles if est.backoff == 0 else min(p.backoff_max_cycles, 2 * est.backoff)
         return replace(est, losses=0, backoff=backoff, suppress_until=ctx.global_steps + backoff)
 
     # ---- State ----------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """Every estimate and counter (JSON numbers)."""
-        return asdict(self.est)
+        """Every estimate and counter (JSON numbers; see :class:`Estimates`)."""
+        return self.est.state_dict()
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore what :meth:`state_dict` returned; reject missing, unknown or non-finite values.
-
-        A state saved by an earlier dynres (a checkpoint from before an upgrade) loads too: its
-        retired entries are dropped and the entries it lacks start unmeasured.
-        """
-        names = {f.name: f for f in fields(Estimates)}
-        if set(state) - set(names) <= _RETIRED_STATE and set(names) - set(state) <= _ADDED_STATE:
-            defaults = asdict(Estimates())
-            state = {name: state[name] if name in state else defaults[name] for name in names}
-        if set(state) != set(names):
-            raise PolicyValidationError(
-                f"policy 'predictive': state keys {sorted(state)} do not match {sorted(names)}; "
-                "pass what state_dict() returned"
-            )
-        values: dict[str, Any] = {}
-        for name, f in names.items():
-            raw = state[name]
-            if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not math.isfinite(raw):
-                raise PolicyValidationError(
-                    f"policy 'predictive': state {name}={raw!r} must be a finite number; pass what "
-                    "state_dict() returned"
-                )
-            if f.type == "int" and raw != int(raw):
-                raise PolicyValidationError(f"policy 'predictive': state {name}={raw!r} must be a whole number")
-            floor = -1.0 if f.default == -1.0 else (-math.inf if name == "wait_bias" else 0.0)
-            if raw < floor:
-                raise PolicyValidationError(f"policy 'predictive': state {name}={raw!r} must be >= {floor:g}")
-            values[name] = int(raw) if f.type == "int" else float(raw)
-        self.est = Estimates(**values)
+        """Restore what :meth:`state_dict` returned (:meth:`Estimates.from_state`: a state saved by an
+        earlier dynres loads too); reject missing, unknown or non-finite values."""
+        self.est = Estimates.from_state(state)
 
 
 DRAIN_MIN_RATIO = 1.5
 """A weight sync counts as draining running samples only above this many times the shortest (ratio;
-once the shortest has itself drained some samples, one that drained many more is often under 2x)."""
-
-_RETIRED_STATE = frozenset({"collect_share", "window_share"})
-"""State entries earlier versions saved that this one no longer keeps (dropped on load)."""
-
-_ADDED_STATE = frozenset({"sync_min_s", "queue_end", "wait_cap"})
-"""State entries this version added (unmeasured when a state from before them is loaded)."""
+below it export and load jitter; once the shortest has itself drained some samples, one that
+drained many more may still be under twice as long)."""
 
 _MAX_SECONDS = 1e9
 """Durations beyond this (about 30 years) are not measurements (seconds)."""
@@ -677,25 +614,27 @@ _MAX_GAIN = 1e6
 """Hybrid over standalone token rates beyond this are not measurements (ratio)."""
 
 
-def _standalone_rate(ctx: ScheduleContext, est: Estimates) -> float:
-    """Samples per second the standalone replicas deliver, from the learned share (samples/s;
-    needs ``est.train_s > 0``)."""
-    return est.standalone_share * ctx.step_required_samples / est.train_s
+_PARAMS_PLUMBING = ("pydantic", "dynres.core", "dynres.policies")
+"""Modules between the code that passes a policy's params and the Params validator."""
 
 
-def _replica_ratio(ctx: ScheduleContext) -> float:
-    # The prior rho: a hybrid replica as productive as a standalone one.
-    return ctx.num_hybrid_replicas / max(1, ctx.num_standalone_replicas)
+def _caller_stacklevel() -> int:
+    # The stacklevel (as the validator passes it to warnings.warn) of the first frame outside
+    # pydantic and dynres's policy construction: the warning then points at the code that passed
+    # the old name, not at pydantic's internals.
+    level, frame = 2, sys._getframe(2)
+    while frame is not None and frame.f_globals.get("__name__", "").startswith(_PARAMS_PLUMBING):
+        level, frame = level + 1, frame.f_back
+    return level
 
 
-def _ema(old: float, new: float, weight: float) -> float:
-    return new if old <= 0 else (1.0 - weight) * old + weight * new
+def _throttled(ctx: ScheduleContext) -> bool:
+    # Neither waited nor below the staleness cap: production was held back by the budget.
+    return sum(ctx.step_wait_times) <= 0 and ctx.queue_size >= ctx.buffer_samples
 
 
-def _learn_share(
-    est: Estimates, share: float, throttled: bool, weight: float, *, replace_old: bool = False
-) -> Estimates:
-    # A throttled cycle's production is only a floor on what the replicas can do.
-    if share <= 0 or (throttled and share <= est.standalone_share):
-        return est
-    return replace(est, standalone_share=share if replace_old else _ema(est.standalone_share, share, weight))
+def _first_production(ctx: ScheduleContext) -> bool:
+    # The run's first cycle trained on the samples that finished first, the short ones: per
+    # second of its short training the production looks low, and the second cycle's measurement
+    # replaces it instead of averaging with it.
+    return ctx.global_steps <= 2
