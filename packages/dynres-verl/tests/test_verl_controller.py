@@ -65,6 +65,10 @@ class StubRollouter:
                     return [object(), object()]
                 if method == "rebalance_requests":
                     return {"cleared_entries": 0, "server_loads": {}}
+                if method == "get_total_train_steps":
+                    return len(CYCLES)
+                if method == "get_hybrid_statistics":
+                    return {"monitor/queue/mq_queue_size": 3, "count/total_generated_samples": 0}
 
                 async def done():
                     return None
@@ -154,9 +158,19 @@ def no_ray_session(monkeypatch):
 
 def test_dynres_default_makes_verls_controller_do_what_verls_default_does():
     ours, theirs = run_drive("dynres:default"), run_drive("default")
-    # The adapter's only extra calls: it reads the replica counts once, at its first decision.
-    assert ours[:2] == [("rollouter.get_standalone_replicas",), ("rollouter.get_all_hybrid_replicas",)]
-    ours = ours[2:]
+    # The adapter's only extra calls are reads: the replica counts and the run's length once (at its
+    # first decision, before verl's controller calls anything), the rollouter's counters at the calls
+    # that start a fit step, end its training and end a cycle.
+    assert ours[:4] == [
+        ("rollouter.get_total_train_steps",),
+        ("rollouter.get_hybrid_statistics",),
+        ("rollouter.get_standalone_replicas",),
+        ("rollouter.get_all_hybrid_replicas",),
+    ]
+    ours = ours[4:]
+    stats = sum(1 for c in ours if c[0] == "rollouter.get_hybrid_statistics")
+    assert stats == TRIGGER * len(CYCLES) - 1 + 2 * len(CYCLES)
+    ours = [c for c in ours if c[0] not in ("rollouter.get_hybrid_statistics", "rollouter.get_total_train_steps")]
     assert ours == theirs
     # The run exercised every branch: activations, skipped activations, waits, rebalances.
     names = [c[0] for c in ours]

@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 from dynres.core import BoundPolicy, Policy, ScheduleContext, get_plugin_manager, resolve_policy_class
 from dynres.verl.contexts import VerlContextReader
 from dynres.verl.guard import SyncGuard
+from dynres.verl.live import RolloutSnapshot
 from dynres.verl.params import build_params
 
 logger = logging.getLogger("dynres.verl")
@@ -29,6 +30,9 @@ PREFIX = "dynres:"
 
 DECISION_TIMEOUT_S = 10.0
 """Longest one dynres decision may take inside verl before the safe value is used (seconds)."""
+
+RPC_TIMEOUT_S = 30.0
+"""Longest the adapter waits for one reading of verl's rollouter before it counts as unknown (seconds)."""
 
 
 def _resolve(value: Any, timeout_s: float | None) -> Any:
@@ -75,6 +79,7 @@ class DynresPolicyAdapter:
         """Rebalances asked of the rollouter (count)."""
         self._rollouter: Any = None  # verl's DynamicResourceController sets this attribute
         self._counted = False
+        self._warned = False
         self._last_steps = 0
         self._last_active = False
 
@@ -83,10 +88,12 @@ class DynresPolicyAdapter:
     def should_deactivate(self, global_steps: int, is_hybrid_active: bool, ctx: Any) -> bool:
         """Ask the dynres policy whether to hand the hybrid replicas back before training.
 
-        verl asks before every collection; a dynres policy is asked only while hybrid replicas
-        are active (its contract, as in the dynres runtime), so with none active the answer is
-        False and the policy is not called.
+        verl asks before every fit step, which is also how the adapter knows a fit step began; a
+        dynres policy is asked only while hybrid replicas are active (its contract, as in the
+        dynres runtime), so with none active the answer is False and the policy is not called.
         """
+        self._observe()
+        self.reader.timeline.fit_step(self.reader.clock(), bool(is_hybrid_active))
         sctx = self._context(ctx, global_steps, is_hybrid_active)
         if not is_hybrid_active:
             return False
@@ -95,10 +102,14 @@ class DynresPolicyAdapter:
     def deactivate_wait_samples(self, ctx: Any) -> int:
         """Samples to wait for before deactivating, clamped (by the guard) like the dynres runtime clamps them."""
         sctx = self._context(ctx, self._last_steps, self._last_active)
-        return int(self.guard.decide("deactivate_wait_samples", sctx))
+        target = int(self.guard.decide("deactivate_wait_samples", sctx))
+        self.reader.timeline.waiting(self.reader.clock(), target, self.reader.snapshot)
+        return target
 
     def should_activate_after_step(self, global_steps: int, is_hybrid_active: bool, ctx: Any) -> bool:
         """Ask the dynres policy whether the hybrid replicas generate next cycle (always in only-hybrid)."""
+        self._observe()
+        self.reader.timeline.before_sync(self.reader.clock(), ctx, self.reader.snapshot)
         sctx = self._context(ctx, global_steps, is_hybrid_active)
         return bool(self.guard.decide("should_activate_after_step", sctx))
 
@@ -119,10 +130,11 @@ class DynresPolicyAdapter:
         logger.info("dynres policy %r: rebalanced at step %d: %s", self.policy.name, global_steps, result)
 
     def update_after_step(self, global_steps: int, ctx: Any) -> None:
-        """Let the dynres policy adapt after the weight sync."""
+        """Let the dynres policy adapt after the weight sync (the cycle's figures now include it)."""
+        self._observe()
+        self.reader.timeline.after_sync(self.reader.clock(), ctx, self.reader.snapshot)
         sctx = self._context(ctx, global_steps, self._last_active)
         self.guard.decide("update_after_step", sctx)
-        self.reader.end_cycle(ctx)
 
     # ---- helpers ---------------------------------------------------------------------------
 
@@ -137,11 +149,36 @@ class DynresPolicyAdapter:
             return
         self._counted = True
         try:
-            standalone = _resolve(self._rollouter.get_standalone_replicas.remote(), timeout_s=30.0)
-            hybrid = _resolve(self._rollouter.get_all_hybrid_replicas.remote(), timeout_s=30.0)
+            standalone = _resolve(self._rollouter.get_standalone_replicas.remote(), timeout_s=RPC_TIMEOUT_S)
+            hybrid = _resolve(self._rollouter.get_all_hybrid_replicas.remote(), timeout_s=RPC_TIMEOUT_S)
             self.reader.set_replica_counts(len(standalone), len(hybrid))
         except Exception as exc:
             logger.info("dynres policy %r: replica counts unknown (%s); using the defaults", self.policy.name, exc)
+
+    def _observe(self) -> None:
+        """Read verl's rollouter: the run's length once, its counters and stamps at every call.
+
+        Each reading is one short actor call at a point where verl's trainer already waits on the
+        rollouter; a rollouter that does not answer leaves the fields at their "unknown" 0.
+        """
+        if self._rollouter is None:
+            return
+        try:
+            if not self.reader.total_steps:
+                total = _resolve(self._rollouter.get_total_train_steps.remote(), timeout_s=RPC_TIMEOUT_S)
+                self.reader.total_steps = max(0, int(total or 0))
+            stats = _resolve(self._rollouter.get_hybrid_statistics.remote(), timeout_s=RPC_TIMEOUT_S)
+            self.reader.snapshot = RolloutSnapshot.from_stats(stats)
+        except Exception as exc:
+            if not self._warned:
+                logger.warning(
+                    "dynres policy %r: verl's rollouter did not report its state (%s); queue, "
+                    "in-flight and hybrid figures read as unknown until it does",
+                    self.policy.name,
+                    exc,
+                )
+            self._warned = True
+            self.reader.snapshot = None
 
 
 def adapter_class(name: str) -> type[DynresPolicyAdapter]:

@@ -5,14 +5,17 @@ dynres hands one frozen :class:`~dynres.core.ScheduleContext`. :class:`VerlConte
 the former into the latter (the adapter, dynres policies inside verl) and
 :func:`to_verl_context` goes the other way (the wrapper, verl's policies inside dynres).
 
-What verl does not tell a policy, and what the reader puts there instead (docs/verl.md lists
-the same):
+Where each field verl's context lacks comes from (docs/verl.md has the same table):
 
-* ``queue_size``, ``in_flight_samples``, ``consumption_rate``, ``last_train_time_s``: 0, the
-  documented "unknown" value.
-* ``now``: seconds on the adapter's own monotonic clock since the adapter was built.
-* ``generation_rate`` and ``last_cycle_time_s``: from the deltas of ``total_generated_samples``
-  and of the clock between two ``update_after_step`` calls (0 before the second one).
+* ``queue_size``, ``in_flight_samples``: the rollouter's ``get_hybrid_statistics()`` at the call
+  (:class:`~dynres.verl.live.RolloutSnapshot`); 0 without a rollouter.
+* ``total_steps``: the rollouter's ``get_total_train_steps()`` (verl's number of sync cycles).
+* ``last_train_time_s``, ``consumption_rate``, ``last_cycle_time_s``, ``generation_rate``,
+  ``last_sync_s``, ``last_hybrid_active_s``, ``last_hybrid_generated_samples``: derived from the
+  trainer's call times and the rollouter's counters and stamps by
+  :class:`~dynres.verl.live.CycleTimeline` (0 before the first cycle).
+* ``last_hybrid_tokens``, ``last_standalone_tokens``: 0; verl counts no tokens per replica.
+* ``now``: seconds on the reader's clock (wall time) since the adapter was built.
 * ``staleness_threshold``: ``buffer_samples / step_required_samples`` once verl has filled
   ``buffer_samples`` (its trainer does at the first weight sync); the last such value after
   that; 0.0 before.
@@ -31,6 +34,7 @@ from collections.abc import Callable
 from typing import Any
 
 from dynres.core import ScheduleContext
+from dynres.verl.live import CycleTimeline, RolloutSnapshot
 
 
 def _finite(x: Any, default: float = 0.0) -> float:
@@ -42,10 +46,14 @@ def _finite(x: Any, default: float = 0.0) -> float:
 
 
 class VerlContextReader:
-    """Builds ScheduleContexts from verl contexts, keeping the clock and deltas between calls."""
+    """Builds ScheduleContexts from verl contexts and verl's live state (see :mod:`dynres.verl.live`)."""
 
-    def __init__(self, *, only_hybrid: bool, clock: Callable[[], float] = time.monotonic) -> None:
-        """Read contexts of a cluster that is only-hybrid or not; ``clock`` returns seconds."""
+    def __init__(self, *, only_hybrid: bool, clock: Callable[[], float] = time.time) -> None:
+        """Read contexts of a cluster that is only-hybrid or not; ``clock`` returns seconds.
+
+        The clock must share its time base with verl's rollouter, whose hybrid add/remove stamps
+        are ``time.time()``: hence wall time by default (a simulated verl run passes its own).
+        """
         self.only_hybrid = only_hybrid
         """True when the cluster has no standalone replicas (verl's ``only_hybrid`` kwarg)."""
         self.num_standalone_replicas = 0 if only_hybrid else 1
@@ -54,17 +62,24 @@ class VerlContextReader:
         """Hybrid replicas (count; 1 = at least one, until the rollouter answers)."""
         self.staleness_threshold = 0.0
         """Last staleness derived from verl's buffer_samples (fraction of a cycle)."""
-        self.generation_rate = 0.0
-        """Samples finished per second between the two latest updates (0 = unknown)."""
-        self.last_cycle_time_s = 0.0
-        """Seconds between the two latest updates (0 = unknown)."""
-        self._clock = clock
+        self.total_steps = 0
+        """Sync cycles of the run, from the rollouter's ``get_total_train_steps()`` (count; 0 = unknown)."""
+        self.snapshot: RolloutSnapshot | None = None
+        """The rollouter's latest reading (None = no rollouter, or it did not answer)."""
+        self.timeline = CycleTimeline()
+        """The trainer's calls of the current cycle and the figures of the latest one."""
+        self.clock = clock
+        """Seconds on the time base of the rollouter's stamps."""
         self._t0 = clock()
-        self._last_update: tuple[float, int] | None = None
+
+    def use_clock(self, clock: Callable[[], float]) -> None:
+        """Read time from ``clock`` from now on (a simulated verl run's loop clock); ``now`` restarts at 0."""
+        self.clock = clock
+        self._t0 = clock()
 
     def now(self) -> float:
-        """Seconds since the reader was built, on its clock."""
-        return max(0.0, self._clock() - self._t0)
+        """Seconds since the reader was built (or its clock was set), on its clock."""
+        return max(0.0, self.clock() - self._t0)
 
     def set_replica_counts(self, standalone: int, hybrid: int) -> None:
         """Use the rollouter's replica counts (ignored when they contradict the cluster's kind)."""
@@ -73,7 +88,7 @@ class VerlContextReader:
         self.num_standalone_replicas, self.num_hybrid_replicas = standalone, hybrid
 
     def read(self, ctx: Any, *, global_steps: int, is_hybrid_active: bool) -> ScheduleContext:
-        """Return the ScheduleContext for verl's ``ctx`` at ``global_steps`` (fields verl lacks: see module doc)."""
+        """The ScheduleContext for verl's ``ctx`` at ``global_steps`` (each field's source: module doc)."""
         required = max(1, int(ctx.required_samples))
         trigger = max(1, int(ctx.trigger_parameter_sync_step))
         buffer = _finite(getattr(ctx, "buffer_samples", 0.0))
@@ -83,14 +98,19 @@ class VerlContextReader:
         counts = list(getattr(ctx, "step_wait_samples", None) or ())
         n = min(len(waits), len(counts))  # verl fills both per collection; trim a ragged pair
         active_total = self.num_standalone_replicas + (self.num_hybrid_replicas if is_hybrid_active else 0)
+        snap = self.snapshot or RolloutSnapshot()
+        f = self.timeline.figures
         return ScheduleContext(
             global_steps=max(0, int(global_steps)),
             now=self.now(),
             required_samples=required,
             trigger_parameter_sync_step=trigger,
             staleness_threshold=self.staleness_threshold,
+            total_steps=self.total_steps,
             total_generated_samples=max(0, int(ctx.total_generated_samples)),
             expected_samples=max(0, int(ctx.expected_samples)),
+            queue_size=snap.queue_size,
+            in_flight_samples=snap.in_flight,
             step_wait_times=tuple(_finite(t) for t in waits[:n]),
             step_wait_samples=tuple(max(0, int(s)) for s in counts[:n]),
             is_hybrid_active=bool(is_hybrid_active),
@@ -99,19 +119,14 @@ class VerlContextReader:
             num_active_replicas=active_total,
             last_activate_duration_s=_finite(getattr(ctx, "last_activate_duration_s", 0.0)),
             last_deactivate_duration_s=_finite(getattr(ctx, "last_deactivate_duration_s", 0.0)),
-            generation_rate=self.generation_rate,
-            last_cycle_time_s=self.last_cycle_time_s,
+            generation_rate=f.generated / f.cycle_s if f.cycle_s > 0 else 0.0,
+            consumption_rate=required * trigger / f.train_s if f.train_s > 0 else 0.0,
+            last_train_time_s=f.train_s,
+            last_cycle_time_s=f.cycle_s,
+            last_hybrid_active_s=f.hybrid_s,
+            last_hybrid_generated_samples=f.hybrid_generated,
+            last_sync_s=f.sync_s,
         )
-
-    def end_cycle(self, ctx: Any) -> None:
-        """Note an ``update_after_step`` call: refresh the cycle time and generation rate."""
-        t, generated = self.now(), max(0, int(ctx.total_generated_samples))
-        if self._last_update is not None:
-            dt = t - self._last_update[0]
-            if dt > 0:
-                self.last_cycle_time_s = dt
-                self.generation_rate = max(0, generated - self._last_update[1]) / dt
-        self._last_update = (t, generated)
 
 
 def to_verl_context(ctx: ScheduleContext, *, activate_s: float, deactivate_s: float) -> Any:
