@@ -7,9 +7,9 @@
 ``--reuse`` runs nothing: it reads the runs a previous call left in DIR and predicts again.
 
 1. Runs the config for real with ``static_fully_async`` (benchmarks/tiny_grpo_bench.run_one),
-   ``--repeats`` times. Each run measures one idle switch before its first cycle (the start-up
-   probe, ``run.startup_probe``), so the fit knows the switch costs although the run never
-   switches.
+   ``--repeats`` times. Each run measures one idle switch before its first cycle (the switch
+   calibration, ``run.calibration_switches``), so the fit knows the switch costs although the run
+   never switches.
 2. Fits a scenario to each of those runs (``dynres scenario fit``; the one of the median run is
    written to DIR/fitted.yaml) and predicts the end-to-end time of the run as it was and with
    each ``--predict`` policy (``dynres scenario compare``), with the decisions each prediction
@@ -217,13 +217,13 @@ def main(argv: list[str] | None = None) -> int:
     ]
     ranking_ok, pairs = judge_ranking(rows)
     checks.append(("same ranking as measured (every pair, pair rule)", ranking_ok))
-    probe = (read_report(fitted_dir)[0].get("startup_probe") or {}) if fitted_dir.exists() else {}
+    calibration = (read_report(fitted_dir)[0].get("switch_calibration") or {}) if fitted_dir.exists() else {}
     result = {
         "config": args.config,
         "repeats": args.repeats,
         "fitted": str(out / "fitted.yaml"),
         "fitted_run": str(fitted_dir),
-        "startup_probe_s": (probe["end_s"] - probe["start_s"]) if probe else None,
+        "switch_calibration_s": (calibration["end_s"] - calibration["start_s"]) if calibration else None,
         "warmup_s": cmp.warmup_s,
         "missing": fit.missing,
         "rows": rows,
@@ -236,8 +236,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(result, indent=2))
         return 0
     print(f"fitted scenario: {out / 'fitted.yaml'} ({len(fit.missing)} metric(s) missing, defaults used)")
-    if probe:
-        print(f"start-up probe of the fitted run: {result['startup_probe_s']:.2f} s before its first cycle")
+    if calibration:
+        print(f"switch calibration of the fitted run: {result['switch_calibration_s']:.2f} s before its first cycle")
     head = (
         f"{'policy':<31} {'predicted s':>11} {'(all fits)':>11} {'sw':>3} {'measured s':>10} {'range':>6} {'error':>7} "
         f"{'w/ --costs-from':>15} {'sw':>3} {'error':>7}  decisions (act/deact per run)"

@@ -44,7 +44,7 @@ def run_one(config: str, policy: str, steps: int | None, out: Path) -> dict:
     from dynres.runtime.realrun import execute, load_run_config
 
     ray_tmp = tempfile.mkdtemp(prefix="dynres-ray-", dir="/tmp")  # private session, removed after
-    overrides: dict = {"async_training.dynamic_schedule_policy": policy, "cluster.temp_dir": ray_tmp}
+    overrides: dict = {"async_training.dynamic_schedule_policy": policy, "ray.temp_dir": ray_tmp}
     if steps is not None:
         overrides["run.steps"] = steps
     cfg = load_run_config(config, overrides)

@@ -20,7 +20,7 @@ OUT=$(mktemp -d /tmp/dynres-tiny-XXXXXX)
 trap 'rm -rf "$OUT"' EXIT
 start=$(date +%s)
 timeout 600 .venv/bin/dynres run examples/tiny-grpo-cpu.yaml --out "$OUT/run" -q --steps 24 \
-  --set cluster.temp_dir="$OUT/ray" 2>&1 | tee "$OUT/run.log"
+  --set ray.temp_dir="$OUT/ray" 2>&1 | tee "$OUT/run.log"
 echo "tiny run wall time: $(( $(date +%s) - start )) s"
 .venv/bin/python - "$OUT" <<'PY'
 import json, re, sys

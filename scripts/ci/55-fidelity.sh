@@ -6,9 +6,9 @@
 # are printed PASS/FAIL and are findings, not failures (timings on shared CI cores vary).
 # Short runs (8 cycles, one run per policy: --repeats 1, where the benchmark's default is 3): the
 # time is mostly the three engine start-ups, about 4-5 minutes on 2 quiet cores; each run's
-# start-up probe (one idle switch) adds well under a second. With one run per policy there is no
-# run-to-run range, so the ranking lines cannot tell a real gap from noise (a predicted tie reads
-# FAIL, "tie not confirmed"; an order is judged on the single runs): the benchmark with
+# switch calibration (one idle switch) adds well under a second. With one run per policy there
+# is no run-to-run range, so the ranking lines cannot tell a real gap from noise (a predicted tie
+# reads FAIL, "tie not confirmed"; an order is judged on the single runs): the benchmark with
 # repeats can. FIDELITY_PREDICT=default measures one policy fewer (two start-ups). Killed at 900 s.
 set -euo pipefail
 source "$(dirname "$0")/_lib.bash"
@@ -41,7 +41,7 @@ for r in rows.values():
 print(f"[fidelity] ranking predicted {result['ranking_predicted']} measured {result['ranking_measured']}")
 for line in result["pairs"]:
     print(f"[fidelity]   {line}")
-assert result["startup_probe_s"] is not None, "the fitted run has no start-up probe"
+assert result["switch_calibration_s"] is not None, "the fitted run has no switch calibration"
 for name, ok in result["targets"].items():
     print(f"[fidelity] {'PASS' if ok else 'FAIL'}  {name}  (target, not a CI failure)")
 PY

@@ -351,8 +351,8 @@ CASES: list[Case] = [
     ),
     _c(
         "run-address-conflict",
-        ("run", "{d}/f_yaml", "--out", "{d}/o", "--address", "auto", "--set", "cluster.address=x:1"),
-        r"--address.*cluster.address",
+        ("run", "{d}/f_yaml", "--out", "{d}/o", "--address", "auto", "--set", "ray.address=x:1"),
+        r"--address.*ray.address",
         f_yaml=FAKE_RUN,
     ),
     _c("run-out-under-file", "run {d}/f_yaml --out {d}/f_yaml/o", r"--out", f_yaml=FAKE_RUN),
@@ -570,7 +570,7 @@ def test_shorthand_and_set_for_one_key_is_the_one_shared_error() -> None:
     from dynres.core.config import parse_set_items, shorthand_overrides
     from dynres.core.errors import ConfigError
 
-    sets = parse_set_items(["run.steps=3", "cluster.address=x:1"])
+    sets = parse_set_items(["run.steps=3", "ray.address=x:1"])
     given = shorthand_overrides(
         sets, [("--policy", "async_training.dynamic_schedule_policy", "p"), ("--seed", "seed", None)]
     )

@@ -275,9 +275,9 @@ def test_cluster_config_rejects_typos_and_empty_slots():
     from dynres.core.config import validate_model
 
     with pytest.raises(ConfigError, match="did you mean 'address'"):
-        validate_model(RayClusterConfig, {"adress": "auto"}, "cluster")
+        validate_model(RayClusterConfig, {"adress": "auto"}, "ray")
     with pytest.raises(ConfigError, match="reserve some resource"):
-        validate_model(RayClusterConfig, {"slot": {"CPU": 0}}, "cluster")
+        validate_model(RayClusterConfig, {"slot": {"CPU": 0}}, "ray")
 
 
 @pytest.mark.parametrize("hybrid_target", ["dynres.runtime.backends.fake:FakeReplica", _PayloadReplica])

@@ -31,7 +31,7 @@ suite showed a 289 ms gap with no blocking call, so the bound sits between that 
 
 RUN = {
     "run": {"steps": 4, "seed": 1},
-    "cluster": {"slot": {"CPU": 0.1}},
+    "ray": {"slot": {"CPU": 0.1}},
     "engines": {
         "rollout": "fake",
         "trainer": "fake",
@@ -86,7 +86,7 @@ def ray_session():
 
 async def _run(blocking: bool):
     cfg = load_run_config(RUN)
-    cluster = RayCluster(cfg.cluster)
+    cluster = RayCluster(cfg.ray)
     s_f = Factory(
         "dynres.runtime.realrun.builders:build_replica",
         {"engine": "fake", "model_path": None, "options": RUN["engines"]["rollout_options"]},

@@ -25,7 +25,7 @@ from dynres.runtime.realrun.on_ray import CoordinatorActor
 ROLLOUT = {"tokens_per_s": 40.0, "response_tokens": 24, "latency": {"sleep": 0.05, "wake_up": 0.05}}
 RUN = {
     "run": {"steps": 5, "seed": 3},
-    "cluster": {
+    "ray": {
         "trainer_slot": {"CPU": 0.2, "trainer_slot": 1},
         "standalone_slot": {"CPU": 0.2, "rollout_slot": 1},
     },
@@ -55,7 +55,7 @@ def test_losing_a_rollout_node_reroutes_and_loses_nothing():
 
 async def _scenario(cluster, nodes):
     cfg = load_run_config(RUN)
-    rc = RayCluster(cfg.cluster)
+    rc = RayCluster(cfg.ray)
     replica = Factory(
         "dynres.runtime.realrun.builders:build_replica", {"engine": "fake", "model_path": None, "options": ROLLOUT}
     )

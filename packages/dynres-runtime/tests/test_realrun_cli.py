@@ -25,7 +25,7 @@ from dynres.runtime.sim.runner import simulate
 
 FAKE = {
     "run": {"steps": 3, "seed": 0},
-    "cluster": {"num_cpus": 2, "slot": {"CPU": 0.1}},
+    "ray": {"num_cpus": 2, "slot": {"CPU": 0.1}},
     "engines": {
         "runtime": "local",
         "rollout": "fake",
@@ -67,7 +67,7 @@ def _one_error_line(result) -> str:
     [
         ({"engines": {"rolout": "fake"}}, "unknown key 'engines.rolout' (did you mean 'rollout'?)"),
         ({"async_training": {"staleness_treshold": 0.1}}, "did you mean 'staleness_threshold'"),
-        ({"cluster": {"adress": "auto"}}, "did you mean 'address'"),
+        ({"ray": {"adress": "auto"}}, "did you mean 'address'"),
         ({"model": {"tiny": {"hiden_size": 32}}}, "did you mean 'hidden_size'"),
         ({"engines": {"rollout": "tgi"}}, "engines.rollout"),
         ({"run": {"steps": 0}}, "run.steps"),
@@ -171,7 +171,7 @@ def test_ctrl_c_aborts_in_flight_work_and_stops_ray(tmp_path):
     data["engines"]["runtime"] = "ray"
     data["engines"]["rollout_options"]["tokens_per_s"] = 50.0
     ray_tmp = tempfile.mkdtemp(prefix="dynres-ray-", dir="/tmp")
-    data["cluster"]["temp_dir"] = ray_tmp
+    data["ray"]["temp_dir"] = ray_tmp
     out = tmp_path / "out"
     cmd = [
         str(Path(sys.executable).parent / "dynres"),

@@ -9,7 +9,8 @@ Fixtures in ``tests/data``:
   prompts of 256 tokens, 30 s of compute per fit step at step 0 (scaled by tokens), 2.5 s weight
   sync on average, phases 94/4/1/1 % (update_actor/old_log_prob/reward/adv).
 * ``tiny-static/``: a real ``dynres run examples/tiny-grpo-cpu.yaml`` under static_fully_async
-  (its metrics.jsonl, config.json and report.json as the run wrote them, start-up probe included).
+  (its metrics.jsonl, config.json and report.json as the run wrote them, switch calibration included;
+  an older dynres wrote them, so they carry the old key names: cluster, startup_probe).
 """
 
 from __future__ import annotations
@@ -136,14 +137,15 @@ def test_real_tiny_run_fits_its_config_lengths_and_costs():
     assert sc.workload.train.step_s == pytest.approx(sum(steps) / len(steps), rel=0.1)
     assert fit.measured_end_to_end_s == report["end_to_end_s"]
     assert fit.first_cycle_start_s == records[0]["start_s"]
-    # No switch happened under static_fully_async: the switch costs come from the start-up probe.
+    # No switch happened under static_fully_async: the switch costs come from the switch calibration
+    # (under its old name in this stored report.json).
     steps = report["startup_probe"]["steps"]
     assert {s["op"] for s in steps} >= {"sleep", "wake_up", "offload", "onload"}
     wakes = [s["duration_s"] for s in steps if s["op"] == "wake_up"]
     sleeps = [s["duration_s"] for s in steps if s["op"] == "sleep"]
     assert sc.costs.wake_up_s == pytest.approx(sum(wakes), abs=1e-6)  # weights + kv_cache of one replica
     assert sc.costs.sleep_s == pytest.approx(sum(sleeps) / len(sleeps), abs=1e-6)
-    assert "start-up probe" in fit.notes["costs.trainer_offload_s"]
+    assert "switch calibration" in fit.notes["costs.trainer_offload_s"]
     assert not any("wake_up" in m or "sleep" in m or "offload" in m for m in fit.missing)
 
 
@@ -288,9 +290,9 @@ def test_costs_from_another_run_fill_the_switch_costs_a_static_run_lacks(tmp_pat
     payload = json.loads(r.stdout)
     assert payload["scenario"]["costs"]["sleep_s"] == pytest.approx(0.2)
     assert "--costs-from" in payload["notes"]["costs.sleep_s"]
-    # A switch measured in the other run's cycles comes before this run's idle start-up probe;
-    # wake_up, which the other run lacks, comes from the probe.
-    assert "start-up probe" in payload["notes"]["costs.wake_up_s"]
+    # A switch measured in the other run's cycles comes before this run's idle switch calibration;
+    # wake_up, which the other run lacks, comes from the calibration.
+    assert "switch calibration" in payload["notes"]["costs.wake_up_s"]
     assert not any("costs.sleep_s" in m or "costs.wake_up_s" in m for m in payload["missing"])
     _one_error_line(
         _cli("scenario", "fit", str(TINY), "--costs-from", str(tmp_path / "none")), "--costs-from", "no such"

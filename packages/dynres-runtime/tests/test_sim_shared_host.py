@@ -162,7 +162,7 @@ def test_fit_sets_shared_host_for_vllm_and_torch_on_one_cpu_machine() -> None:
     assert fit.load().cluster.shared_host is True
     note = fit.notes["cluster.shared_host"]
     assert note.startswith("[E]") and "engines.rollout=vllm" in note and "no GPU" in note
-    assert "cluster.address null" in note
+    assert "ray.address null" in note
     assert "shared_host: true" in fit.to_yaml() and "engines.rollout=vllm" in fit.to_yaml()
     assert "same cores" in fit.notes["workload.decode.hybrid_speed_factor"]
     assert not any("hybrid_speed_factor" in m for m in fit.missing)
@@ -171,8 +171,8 @@ def test_fit_sets_shared_host_for_vllm_and_torch_on_one_cpu_machine() -> None:
 @pytest.mark.parametrize(
     ("change", "needle"),
     [
-        (lambda c: c["cluster"].update(slot={"GPU": 1.0, "CPU": 8.0}), "cluster.slot="),
-        (lambda c: c["cluster"].update(trainer_slot={"GPU": 1.0}), "cluster.trainer_slot="),
+        (lambda c: c["cluster"].update(slot={"GPU": 1.0, "CPU": 8.0}), "ray.slot="),
+        (lambda c: c["cluster"].update(trainer_slot={"GPU": 1.0}), "ray.trainer_slot="),
         (lambda c: c["engines"]["trainer_options"].update(device="cuda"), "device=cuda"),
         (lambda c: c["engines"].update(rollout="fake"), "engines.rollout=fake"),
     ],

@@ -1,6 +1,6 @@
-"""The start-up switch probe (``run.startup_probe``) and the fit that reads it.
+"""The switch calibration (``run.calibration_switches``) and the fit that reads it.
 
-A static run never switches; the probe measures one idle switch of the hybrid replicas and the
+A static run never switches; the calibration measures one idle switch of the hybrid replicas and the
 trainer before the first cycle, records it in report.json apart from the cycles' operations, and
 ``dynres scenario fit`` takes the switch costs from it instead of the GPU-sized defaults.
 """
@@ -66,15 +66,17 @@ def _dynres_run(tmp_path: Path, **run: int) -> tuple[Path, dict]:
     out = tmp_path / "out"
     result = CliRunner().invoke(main, ["run", str(cfg), "--out", str(out), "-q"])
     assert result.exit_code == 0, result.output
-    # The summary shows the probe apart from the cycles' operations, or nothing when it is off.
-    assert ("start-up probe (run.startup_probe" in result.output) == (run.get("startup_probe", 1) > 0), result.output
+    # The summary shows the calibration apart from the cycles' operations, or nothing when it is off.
+    assert ("switch calibration (run.calibration_switches" in result.output) == (
+        run.get("calibration_switches", 1) > 0
+    ), result.output
     return out, json.loads((out / "report.json").read_text())
 
 
-def test_probe_is_in_report_json_before_the_first_cycle_and_not_a_cycle_switch(tmp_path):
+def test_calibration_is_in_report_json_before_the_first_cycle_and_not_a_cycle_switch(tmp_path):
     _, report = _dynres_run(tmp_path)
-    probe = report["startup_probe"]
-    ops = [(s["op"], s["detail"]) for s in probe["steps"]]
+    calibration = report["switch_calibration"]
+    ops = [(s["op"], s["detail"]) for s in calibration["steps"]]
     # The controller's order: offload, wake weights, load them, wake KV cache, sleep, onload.
     assert ops == [
         ("offload", ""),
@@ -84,26 +86,26 @@ def test_probe_is_in_report_json_before_the_first_cycle_and_not_a_cycle_switch(t
         ("sleep", ""),
         ("onload", ""),
     ]
-    assert all(s["ok"] for s in probe["steps"]) and probe["failures"] == []
-    timed = {(s["op"], s["detail"]): s["duration_s"] for s in probe["steps"]}
+    assert all(s["ok"] for s in calibration["steps"]) and calibration["failures"] == []
+    timed = {(s["op"], s["detail"]): s["duration_s"] for s in calibration["steps"]}
     assert timed["sleep", ""] == pytest.approx(LAT["sleep"], abs=0.03)
     assert timed["offload", ""] == pytest.approx(TRAIN_LAT["offload"], abs=0.03)
     # Not a cycle switch: no switch operation in the run's timings, no activation counted, and
-    # the first cycle starts after the probe ended.
+    # the first cycle starts after the calibration ended.
     engine_ops = set(report["operations"]["engine"])
     assert not engine_ops & {"sleep", "wake_up", "offload", "onload"}, engine_ops
     assert report["operations"]["activations"] == 0 and report["operations"]["deactivations"] == 0
     assert report["timeline"] == []
-    assert report["cycles"][0]["start_s"] >= probe["end_s"] > probe["start_s"]
-    assert report["samples"]["consumed"] == 3 * 8  # the run trained on every cycle after the probe
+    assert report["cycles"][0]["start_s"] >= calibration["end_s"] > calibration["start_s"]
+    assert report["samples"]["consumed"] == 3 * 8  # the run trained on every cycle after the calibration
 
 
-def test_startup_probe_0_turns_it_off(tmp_path):
-    _, report = _dynres_run(tmp_path, startup_probe=0)
-    assert report["startup_probe"] is None
+def test_calibration_switches_0_turns_it_off(tmp_path):
+    _, report = _dynres_run(tmp_path, calibration_switches=0)
+    assert report["switch_calibration"] is None
     # And the engines see no switch at all: the static run never touches the hybrid or the trainer's memory.
     cl = FakeCluster(1, 1, latency=0.001)
-    asyncio.run(run_fully_async(_spec(cl, startup_probe=0)))
+    asyncio.run(run_fully_async(_spec(cl, calibration_switches=0)))
     touched = {r.op for r in cl.log if r.op in ("sleep", "wake_up", "offload", "onload")}
     assert touched == set()
 
@@ -134,20 +136,20 @@ def _spec(cl: FakeCluster, **kw) -> RunSpec:
     )
 
 
-def test_probe_puts_an_awake_hybrid_replica_to_sleep_and_leaves_the_trainer_onloaded():
+def test_calibration_puts_an_awake_hybrid_replica_to_sleep_and_leaves_the_trainer_onloaded():
     cl = FakeCluster(1, 0, latency=0.001)
     # A vLLM engine starts awake; the controller assumes its hybrid replicas asleep.
     awake = FakeReplica("h0", ReplicaKind.HYBRID, asleep=False, latency=LAT, log=cl.log)
     cl.hybrid = [awake]
-    report = asyncio.run(run_fully_async(_spec(cl, startup_probe=2)))
-    probe = report.startup_probe
-    assert probe is not None
-    assert [(s.round, s.op, s.detail) for s in probe.steps if s.op == "sleep"] == [
+    report = asyncio.run(run_fully_async(_spec(cl, calibration_switches=2)))
+    calibration = report.switch_calibration
+    assert calibration is not None
+    assert [(s.round, s.op, s.detail) for s in calibration.steps if s.op == "sleep"] == [
         (0, "sleep", "initial"),
         (0, "sleep", ""),
         (1, "sleep", ""),
     ]
-    assert len(probe.durations("wake_up")) == 4  # 2 rounds x (weights, kv_cache)
+    assert len(calibration.durations("wake_up")) == 4  # 2 rounds x (weights, kv_cache)
     # What the run is left with: the hybrid asleep (no weights, no KV cache), the trainer onloaded
     # and trained on every cycle, no lifecycle violation anywhere.
     assert not awake.weights_loaded and not awake.kv_cache_allocated
@@ -155,41 +157,41 @@ def test_probe_puts_an_awake_hybrid_replica_to_sleep_and_leaves_the_trainer_onlo
     assert cl.violations() == []
 
 
-def test_an_awake_hybrid_replica_is_put_to_sleep_before_the_first_cycle_even_without_a_probe():
+def test_an_awake_hybrid_replica_is_put_to_sleep_before_the_first_cycle_even_without_a_calibration():
     cl = FakeCluster(1, 0, latency=0.001)
     awake = FakeReplica("h0", ReplicaKind.HYBRID, asleep=False, latency=LAT, log=cl.log)
     cl.hybrid = [awake]
-    report = asyncio.run(run_fully_async(_spec(cl, startup_probe=0)))
+    report = asyncio.run(run_fully_async(_spec(cl, calibration_switches=0)))
     # It holds no memory from the start (the trainer trains on every cycle next to it), and the
     # report shows that one sleep, no round trip.
     first_train = next(i for i, r in enumerate(cl.log) if r.op == "train_step")
     sleeps = [r for r in cl.log[:first_train] if r.target == "h0" and r.op == "sleep" and r.event == "start"]
     assert len(sleeps) == 1
     assert not awake.weights_loaded and not awake.kv_cache_allocated
-    assert report.startup_probe is not None
-    assert [(s.op, s.detail) for s in report.startup_probe.steps if s.op != "health"] == [("sleep", "initial")]
+    assert report.switch_calibration is not None
+    assert [(s.op, s.detail) for s in report.switch_calibration.steps if s.op != "health"] == [("sleep", "initial")]
     assert cl.engine.steps == 2 and cl.violations() == []
 
 
-def test_a_replica_failing_in_the_probe_is_quarantined_and_the_run_goes_on():
+def test_a_replica_failing_in_the_calibration_is_quarantined_and_the_run_goes_on():
     cl = FakeCluster(1, 0, latency=0.001)
     bad = FakeReplica("h0", ReplicaKind.HYBRID, fail_on={"wake_up": RuntimeError}, log=cl.log)
     cl.hybrid = [bad]
-    report = asyncio.run(run_fully_async(_spec(cl, startup_probe=1)))
-    assert report.quarantined == {"h0": "wake_up failed in the start-up probe"}
+    report = asyncio.run(run_fully_async(_spec(cl, calibration_switches=1)))
+    assert report.quarantined == {"h0": "wake_up failed in the switch calibration"}
     assert [f.op for f in report.op_failures] == ["wake_up"]
-    assert report.startup_probe is not None and report.startup_probe.durations("wake_up") == []
+    assert report.switch_calibration is not None and report.switch_calibration.durations("wake_up") == []
     assert len(report.cycles) == 2 and not cl.engine.offloaded
 
 
 # ---- Interrupted (Ctrl-C) -------------------------------------------------------------------------
 
 
-def test_a_run_cancelled_during_the_probe_keeps_what_the_probe_measured():
+def test_a_run_cancelled_during_the_calibration_keeps_what_the_calibration_measured():
     cl = FakeCluster(1, 0, latency=0.001)
     slow = FakeReplica("h0", ReplicaKind.HYBRID, latency={"wake_up": 30.0}, log=cl.log)
     cl.hybrid = [slow]
-    run = FullyAsyncRun(_spec(cl, startup_probe=1))
+    run = FullyAsyncRun(_spec(cl, calibration_switches=1))
 
     async def main() -> None:
         task = asyncio.ensure_future(run.run())
@@ -202,10 +204,10 @@ def test_a_run_cancelled_during_the_probe_keeps_what_the_probe_measured():
     asyncio.run(main())
     report = run.interrupted_report
     assert report is not None
-    assert report.stopped_early == "interrupted during the start-up probe (0 of 2 cycles done)"
+    assert report.stopped_early == "interrupted during the switch calibration (0 of 2 cycles done)"
     assert report.cycles == [] and report.samples.consumed == 0
     # The offload finished and is in the report; the wake-up it was waiting for is not.
-    assert [(s.op, s.detail) for s in report.startup_probe.steps if s.op != "health"] == [("offload", "")]
+    assert [(s.op, s.detail) for s in report.switch_calibration.steps if s.op != "health"] == [("offload", "")]
     assert report.checkpoint is not None
 
 
@@ -217,7 +219,7 @@ def test_a_run_cancelled_between_cycles_drains_and_keeps_its_cycles():
         if cycle.step == 1:
             holder["task"].cancel()
 
-    run = FullyAsyncRun(_spec(cl, startup_probe=1, progress=progress))
+    run = FullyAsyncRun(_spec(cl, calibration_switches=1, progress=progress))
 
     async def main() -> None:
         holder["task"] = asyncio.ensure_future(run.run())
@@ -227,14 +229,14 @@ def test_a_run_cancelled_between_cycles_drains_and_keeps_its_cycles():
     asyncio.run(main())
     report = run.interrupted_report
     assert report is not None and report.stopped_early == "interrupted after 1 of 2 cycles"
-    assert len(report.cycles) == 1 and report.startup_probe is not None
+    assert len(report.cycles) == 1 and report.switch_calibration is not None
     assert all(not r.in_flight_ids for r in cl.replicas)  # drained: nothing left generating
     assert report.checkpoint is not None
 
 
-def test_ctrl_c_during_the_probe_of_dynres_run_writes_the_report_and_says_interrupted(tmp_path):
+def test_ctrl_c_during_the_calibration_of_dynres_run_writes_the_report_and_says_interrupted(tmp_path):
     data = copy.deepcopy(FAKE_RUN)
-    data["engines"]["hybrid_options"] = {"latency": {"wake_up": 60.0}}  # the probe waits here
+    data["engines"]["hybrid_options"] = {"latency": {"wake_up": 60.0}}  # the calibration waits here
     cfg = tmp_path / "run.yaml"
     cfg.write_text(yaml.safe_dump(data))
     out = tmp_path / "out"
@@ -244,7 +246,7 @@ def test_ctrl_c_during_the_probe_of_dynres_run_writes_the_report_and_says_interr
     try:
         started = proc.stderr.readline()  # "dynres run: 3 cycles, ..." comes before any engine starts
         assert started.startswith("dynres run:"), started + proc.stderr.read()
-        # Fake engines start at once and the offload takes 0.04 s: the probe is then in its wake-up.
+        # Fake engines start at once and the offload takes 0.04 s: the calibration is then in its wake-up.
         time.sleep(3.0)
         assert proc.poll() is None, proc.communicate()
         os.killpg(proc.pid, signal.SIGINT)
@@ -256,11 +258,11 @@ def test_ctrl_c_during_the_probe_of_dynres_run_writes_the_report_and_says_interr
     assert stdout == ""  # no summary: the run did not finish
     lines = [ln for ln in stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "Traceback" not in stderr, stderr
-    assert lines[0].startswith("dynres: interrupted during the start-up probe (0 of 3 cycles done); "), lines[0]
+    assert lines[0].startswith("dynres: interrupted during the switch calibration (0 of 3 cycles done); "), lines[0]
     assert f"report (what the run had) in {out / 'report.json'}" in lines[0]
     report = json.loads((out / "report.json").read_text())
-    assert report["cycles"] == [] and report["stopped_early"].startswith("interrupted during the start-up probe")
-    assert [(s["op"], s["detail"]) for s in report["startup_probe"]["steps"]] == [("offload", "")]
+    assert report["cycles"] == [] and report["stopped_early"].startswith("interrupted during the switch calibration")
+    assert [(s["op"], s["detail"]) for s in report["switch_calibration"]["steps"]] == [("offload", "")]
     assert report["checkpoint"] is not None
     assert (out / "metrics.jsonl").read_text() == ""
     assert json.loads((out / "backend.json").read_text())["interrupted"] is True
@@ -269,7 +271,7 @@ def test_ctrl_c_during_the_probe_of_dynres_run_writes_the_report_and_says_interr
 # ---- The fit --------------------------------------------------------------------------------------
 
 
-def test_fit_takes_switch_costs_from_the_probe(tmp_path):
+def test_fit_takes_switch_costs_from_the_calibration(tmp_path):
     out, _ = _dynres_run(tmp_path)
     fit = fit_scenario(read_metrics(out / "metrics.jsonl"))
     costs = fit.load().costs
@@ -279,20 +281,20 @@ def test_fit_takes_switch_costs_from_the_probe(tmp_path):
     assert costs.trainer_offload_s == pytest.approx(TRAIN_LAT["offload"], abs=0.03)
     assert costs.trainer_onload_s == pytest.approx(TRAIN_LAT["onload"], abs=0.03)
     for key in ("sleep_s", "wake_up_s", "trainer_offload_s", "trainer_onload_s"):
-        assert "start-up probe" in fit.notes[f"costs.{key}"] and "[M]" in fit.notes[f"costs.{key}"]
+        assert "switch calibration" in fit.notes[f"costs.{key}"] and "[M]" in fit.notes[f"costs.{key}"]
     assert not [m for m in fit.missing if "sleep" in m or "wake_up" in m or "offload" in m]
-    assert "start-up probe" in fit.to_yaml()
+    assert "switch calibration" in fit.to_yaml()
 
 
-def test_fit_without_a_probe_names_the_defaults_and_why(tmp_path):
-    out, _ = _dynres_run(tmp_path, startup_probe=0)
+def test_fit_without_a_calibration_names_the_defaults_and_why(tmp_path):
+    out, _ = _dynres_run(tmp_path, calibration_switches=0)
     fit = fit_scenario(read_metrics(out / "metrics.jsonl"))
     assert fit.load().costs.sleep_s == Scenario().costs.sleep_s
-    assert any("sleep" in m and "no start-up probe" in m for m in fit.missing), fit.missing
+    assert any("sleep" in m and "no switch calibration" in m for m in fit.missing), fit.missing
 
 
 def test_costs_from_wake_up_counts_both_calls_of_an_activation(tmp_path):
-    out, _ = _dynres_run(tmp_path, startup_probe=0)
+    out, _ = _dynres_run(tmp_path, calibration_switches=0)
     other = {"operations": {"engine": {"wake_up": {"count": 4, "total_s": 2.0, "max_s": 0.6}}}}
     fit = fit_scenario(read_metrics(out / "metrics.jsonl"), costs_from=other, costs_source="default run")
     assert fit.load().costs.wake_up_s == pytest.approx(1.0)  # 2 calls x 0.5 s per activation
@@ -312,7 +314,7 @@ def _cycle(work_tokens: float, busy: float, share: float, active: bool) -> dict:
 
 
 def test_hybrid_speed_factor_is_solved_from_costs_from_cycles(tmp_path):
-    out, _ = _dynres_run(tmp_path, startup_probe=0, steps=4)
+    out, _ = _dynres_run(tmp_path, calibration_switches=0, steps=4)
     run = read_metrics(out / "metrics.jsonl")
     base = fit_scenario(run)
     sc = base.load()

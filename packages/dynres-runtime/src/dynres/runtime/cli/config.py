@@ -9,10 +9,10 @@ import click
 
 from dynres.runtime.cli.reference import SCHEMA_KINDS, reference_markdown, schema_model
 
-RUN_KEYS = frozenset({"run", "engines", "model", "task"})
+RUN_KEYS = frozenset({"run", "ray", "engines", "model", "task"})
 """Top-level keys only a ``dynres run`` file has; a file with any of them is checked as one."""
 SCENARIO_KEYS = frozenset({"cluster", "workload", "costs", "steps", "seed", "extends", "description", "name"})
-"""Top-level keys only a simulator scenario has (``cluster`` aside, which run files share)."""
+"""Top-level keys only a simulator scenario has (a run file with the deprecated ``cluster:`` has ``run:``)."""
 
 
 @click.group(name="config", short_help="Validate config, run and scenario files; print their JSON Schema.")

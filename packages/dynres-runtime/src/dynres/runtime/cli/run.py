@@ -4,7 +4,7 @@ Progress goes to stderr (a rich progress bar on a terminal, one line per cycle a
 summary goes to stdout (to stderr when ``--json -`` puts the RunReport on stdout). Files land in ``--out``:
 ``metrics.jsonl`` (one record per cycle, written as cycles finish), ``report.json``,
 ``backend.json`` and ``plots/``. Ctrl-C stops cleanly (in-flight requests aborted, engines shut
-down, Ray stopped), also during the start-up probe, writes report.json with what the run had
+down, Ray stopped), also during the switch calibration, writes report.json with what the run had
 (``stopped_early`` says where it stopped), says so in one line and exits with status 130; a bad
 config or a backend failure prints one line and exits with status 2.
 """
@@ -35,7 +35,7 @@ EXIT_INTERRUPTED = 130
 )
 @click.option("--steps", type=int, default=None, help="Override run.steps (sync cycles).")
 @click.option("--policy", default=None, help="Override async_training.dynamic_schedule_policy.")
-@click.option("--address", default=None, help="Override cluster.address (join an existing Ray cluster).")
+@click.option("--address", default=None, help="Override ray.address (join an existing Ray cluster).")
 @click.option(
     "--set",
     "sets",
@@ -75,7 +75,7 @@ def command(
     """Run fully-async training from CONFIG (engines, cluster, model, policy, steps) and report.
 
     --steps, --policy and --address are shorthands for --set run.steps=, --set
-    async_training.dynamic_schedule_policy= and --set cluster.address=; giving a shorthand and
+    async_training.dynamic_schedule_policy= and --set ray.address=; giving a shorthand and
     --set for the same key is an error. Every input (config, policy, engine options, --out) is
     checked before anything starts.
     """

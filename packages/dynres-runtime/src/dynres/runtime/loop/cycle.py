@@ -221,41 +221,49 @@ class TrainerLoop:
 
     async def _collect(self, c: _Cycle) -> None:
         """Step 2: trigger_parameter_sync_step collections, one train_step each."""
+        for i in range(self.wiring.tracker.trigger_parameter_sync_step):
+            await self._collect_one(c, i)
+
+    async def _collect_one(self, c: _Cycle, i: int, *, train_beside_hybrids: bool = False) -> None:
+        """Collection ``i`` of the cycle: wait for its samples, then one train_step.
+
+        Training needs the trainer's GPUs, so hybrid replicas still active then are deactivated
+        first, unless ``train_beside_hybrids`` (verl's trainer, which leaves that to its policy).
+        """
         w = self.wiring
         required = w.tracker.required_samples
-        for i in range(w.tracker.trigger_parameter_sync_step):
-            started = c.start_s if i == 0 else w.now()
-            w.queue.purge_stale(w.tracker.global_steps)
-            wait_samples = max(0, required - w.queue.size)
-            tw = w.now()
-            batch = await self._wait_batch()
-            waited = w.now() - tw
-            hybrid_wait = 0.0
-            if w.controller.is_hybrid_active:
-                # The policy kept the hybrid replicas generating (or nothing else could), but
-                # training needs the GPUs. The hybrid replicas generated during this wait, so
-                # it counts as hybrid rollout time (the x of resource_utilization).
-                hybrid_wait = waited
-                w.tracker.hybrid_stopping()
-                await w.controller.deactivate()
-                c.deactivate_s = w.controller.last_deactivate_duration_s
-            ts = w.now()
-            result = await self._train(batch)
-            c.train_call_s += w.now() - ts
-            c.train_step_times.append(w.now() - ts)
-            c.trained.extend(batch)
-            c.train_metrics = dict(result.metrics)
-            c.collections.append(
-                _Collection(
-                    started_s=started,
-                    wait_s=waited,
-                    wait_samples=wait_samples,
-                    counted_wait_s=(c.deactivate_wait_s if i == 0 else 0.0) + hybrid_wait,
-                    phase_times=dict(result.phase_times),
-                    queue_size_after=w.queue.size,
-                    ended_s=w.now(),
-                )
+        started = c.start_s if i == 0 else w.now()
+        w.queue.purge_stale(w.tracker.global_steps)
+        wait_samples = max(0, required - w.queue.size)
+        tw = w.now()
+        batch = await self._wait_batch()
+        waited = w.now() - tw
+        hybrid_wait = 0.0
+        if w.controller.is_hybrid_active and not train_beside_hybrids:
+            # The policy kept the hybrid replicas generating (or nothing else could), but
+            # training needs the GPUs. The hybrid replicas generated during this wait, so
+            # it counts as hybrid rollout time (the x of resource_utilization).
+            hybrid_wait = waited
+            w.tracker.hybrid_stopping()
+            await w.controller.deactivate()
+            c.deactivate_s = w.controller.last_deactivate_duration_s
+        ts = w.now()
+        result = await self._train(batch)
+        c.train_call_s += w.now() - ts
+        c.train_step_times.append(w.now() - ts)
+        c.trained.extend(batch)
+        c.train_metrics = dict(result.metrics)
+        c.collections.append(
+            _Collection(
+                started_s=started,
+                wait_s=waited,
+                wait_samples=wait_samples,
+                counted_wait_s=(c.deactivate_wait_s if i == 0 else 0.0) + hybrid_wait,
+                phase_times=dict(result.phase_times),
+                queue_size_after=w.queue.size,
+                ended_s=w.now(),
             )
+        )
 
     async def _train(self, batch: list[Any]) -> Any:
         """One train_step on ``batch``; retried once when the engine marks its error retryable.
@@ -277,9 +285,10 @@ class TrainerLoop:
             w.queue.requeue(batch)
             raise
 
-    async def _sync(self, *, new_version: bool = True) -> WeightUpdate:
+    async def _sync(self, *, new_version: bool = True, reset: bool = True) -> WeightUpdate:
         """Step 3: export weights (a new version unless startup) and load them into the routable
-        standalone replicas; reset the staleness budget."""
+        standalone replicas; reset the staleness budget (unless ``reset`` is False: verl's
+        trainer resets it after the hybrid activation, see :meth:`_reset_staleness`)."""
         w = self.wiring
         if new_version:
             self.version += 1
@@ -292,10 +301,15 @@ class TrainerLoop:
             await w.rollouter.drain()
         targets = [r for r in w.standalone if w.balancer.has_replica(r.replica_id)]
         await w.controller.sync_weights(targets, update)
-        w.rollouter.reset_staleness(self.version)
-        w.rollouter.resume_admission()
         self.last_update = update
+        if reset:
+            self._reset_staleness()
         return update
+
+    def _reset_staleness(self) -> None:
+        """A new weight version is out: a fresh staleness budget, admission resumed."""
+        self.wiring.rollouter.reset_staleness(self.version)
+        self.wiring.rollouter.resume_admission()
 
     def _end_cycle(self, c: _Cycle) -> tuple[list[Any], float]:
         """Close the rollout window and count the cycle in global_steps; return the window."""

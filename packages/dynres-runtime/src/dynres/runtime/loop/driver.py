@@ -7,10 +7,10 @@ cycles, then drains: the balancer stops retrying, everything in flight is aborte
 its partial output, and hybrid replicas still active are deactivated. The replicas and the train
 engine are not shut down (the caller owns them).
 
-With hybrid replicas, the start-up step of :mod:`~dynres.runtime.loop.probe` runs before the
+With hybrid replicas, the start-up step of :mod:`~dynres.runtime.loop.calibration` runs before the
 rollouter starts: hybrid replicas that report themselves awake are put to sleep, and with
-``RunSpec.startup_probe`` > 0 that many switch round trips are measured. Its timings go to
-``RunReport.startup_probe`` (None when it did nothing), apart from the cycles' operations.
+``RunSpec.calibration_switches`` > 0 that many switch round trips are measured. Its timings go to
+``RunReport.switch_calibration`` (None when it did nothing), apart from the cycles' operations.
 
 A run that cannot finish its cycles (a train step that fails or hangs, a stall the watchdog
 names, a policy that raises ``SystemExit`` or ``KeyboardInterrupt``, a prompt source that breaks)
@@ -38,6 +38,7 @@ import pluggy
 from dynres.core import BoundPolicy, DynresConfig, Policy, get_plugin_manager
 from dynres.core.context import step_required_samples
 from dynres.core.errors import ConfigError, DynresError, RunAbortedError, RunStalledError, RuntimeStateError
+from dynres.runtime.loop.calibration import SwitchCalibration, run_switch_calibration
 from dynres.runtime.loop.checkpoint import CHECKPOINT_FORMAT, make_checkpoint, policy_state, restore_checkpoint
 from dynres.runtime.loop.clock import RunClock
 from dynres.runtime.loop.controller import Controller, ControllerState
@@ -45,7 +46,6 @@ from dynres.runtime.loop.cycle import LoopWiring, StopRun, TrainerLoop, maybe_aw
 from dynres.runtime.loop.decisions import DecisionGuard, DecisionRecord, PolicyInterrupted
 from dynres.runtime.loop.gc_control import run_gc_control
 from dynres.runtime.loop.ops import OpRunner
-from dynres.runtime.loop.probe import StartupProbe, run_startup_probe
 from dynres.runtime.loop.queue import MessageQueue
 from dynres.runtime.loop.report import CycleReport, OperationTimings, RunReport, SampleCounters
 from dynres.runtime.loop.rollouter import PromptSource, Rollouter
@@ -124,12 +124,12 @@ class RunSpec:
     probation_backoff_s: float = 1.0
     """Wait before a failed replica's first health probe (seconds; doubles per failure)."""
     probation_max_s: float = 60.0
-    """Longest wait between two probes of a replica on probation (seconds)."""
+    """Longest wait between two health probes of a replica on probation (seconds)."""
     max_probes: int = 5
-    """Failed probes in a row after which a replica is quarantined for the rest of the run (count)."""
-    startup_probe: int = 0
+    """Failed health probes in a row after which a replica is quarantined for the rest of the run (count)."""
+    calibration_switches: int = 0
     """Switch round trips of the hybrid replicas and the trainer measured before the first cycle
-    (count; 0 = none; see :mod:`~dynres.runtime.loop.probe`): the switch costs of a run that never
+    (count; 0 = none; see :mod:`~dynres.runtime.loop.calibration`): the switch costs of a run that never
     switches. Each costs one idle switch's time, once per run."""
 
     def __post_init__(self) -> None:
@@ -161,8 +161,10 @@ class RunSpec:
             raise ConfigError("RunSpec.probation_backoff_s must be > 0 and probation_max_s >= it (seconds)")
         if self.max_probes < 1:
             raise ConfigError(f"RunSpec.max_probes must be >= 1, got {self.max_probes}")
-        if self.startup_probe < 0:
-            raise ConfigError(f"RunSpec.startup_probe must be >= 0 round trips (0 = off), got {self.startup_probe}")
+        if self.calibration_switches < 0:
+            raise ConfigError(
+                f"RunSpec.calibration_switches must be >= 0 round trips (0 = off), got {self.calibration_switches}"
+            )
         if max_required_samples(self.config) < self.config.required_samples:
             raise ConfigError("max_required_samples is below required_samples; check the config")
 
@@ -276,8 +278,8 @@ class FullyAsyncRun:
         )
         """Drives the sync cycles: policy calls, collections, train steps, weight syncs."""
         self.balancer.add_replicas(spec.standalone)
-        self.startup_probe: StartupProbe | None = None
-        """What the start-up switch probe measured; None when it did not run."""
+        self.switch_calibration: SwitchCalibration | None = None
+        """What the switch calibration measured; None when it did not run."""
         self.interrupted_report: RunReport | None = None
         """The report of a run that was cancelled (Ctrl-C of ``dynres run``): what it had when it
         stopped, built after its teardown, with a checkpoint when one could be written; else None."""
@@ -309,10 +311,12 @@ class FullyAsyncRun:
             # Even with no round trip asked for, its first step runs: a hybrid replica that starts
             # awake (a vLLM engine does) is put to sleep, since the controller assumes it asleep
             # and the trainer needs that GPU memory from the first train step on.
-            probe = StartupProbe(rounds=spec.startup_probe, start_s=self.clock.elapsed(), end_s=self.clock.elapsed())
+            calibration = SwitchCalibration(
+                rounds=spec.calibration_switches, start_s=self.clock.elapsed(), end_s=self.clock.elapsed()
+            )
             try:
-                await run_startup_probe(
-                    rounds=spec.startup_probe,
+                await run_switch_calibration(
+                    rounds=spec.calibration_switches,
                     hybrid=list(spec.hybrid),
                     train_engine=spec.train_engine,
                     controller=self.controller,
@@ -320,33 +324,33 @@ class FullyAsyncRun:
                     timeout_s=spec.op_timeout_s,
                     now=self.clock.elapsed,
                     sleep_level=spec.sleep_level,
-                    record=probe,
+                    record=calibration,
                 )
             except asyncio.CancelledError:
                 # Ctrl-C of `dynres run` cancels the run: nothing generates yet, so there is
-                # nothing to drain; keep what the probe measured and stay cancelled.
-                self._keep_probe(probe)
+                # nothing to drain; keep what the calibration measured and stay cancelled.
+                self._keep_calibration(calibration)
                 self.interrupted_report = self._partial_report(
-                    0.0, [], [], f"interrupted during the start-up probe (0 of {spec.num_cycles} cycles done)"
+                    0.0, [], [], f"interrupted during the switch calibration (0 of {spec.num_cycles} cycles done)"
                 )
                 raise
             except (Exception, KeyboardInterrupt, SystemExit) as exc:
-                self._keep_probe(probe)
+                self._keep_calibration(calibration)
                 stopped = f"{type(exc).__name__}: {exc}"
-                raise self._aborted(exc, 0.0, [], [], stopped, where="during the start-up probe") from exc
-            self._keep_probe(probe)
+                raise self._aborted(exc, 0.0, [], [], stopped, where="during the switch calibration") from exc
+            self._keep_calibration(calibration)
         self.rollouter.start_window()
         # The runtime's GC step (loop/gc_control.py): start-up objects frozen, full collections
         # kept out of transitions; undone when the run ends.
         with run_gc_control():
             return await self._run_cycles()
 
-    def _keep_probe(self, probe: StartupProbe) -> None:
-        """Record what the start-up probe measured (also when it was interrupted)."""
-        probe.end_s = self.clock.elapsed()
-        self.ops.failures.extend(probe.failures)
-        if self.spec.startup_probe or probe.steps:
-            self.startup_probe = probe
+    def _keep_calibration(self, calibration: SwitchCalibration) -> None:
+        """Record what the switch calibration measured (also when it was interrupted)."""
+        calibration.end_s = self.clock.elapsed()
+        self.ops.failures.extend(calibration.failures)
+        if self.spec.calibration_switches or calibration.steps:
+            self.switch_calibration = calibration
 
     async def _run_cycles(self) -> RunReport:
         spec = self.spec
@@ -580,7 +584,7 @@ class FullyAsyncRun:
             standalone_gpus=self.trainer.standalone_gpus,
             stopped_early=stopped_early,
             checkpoint=self.checkpoint() if keep else None,
-            startup_probe=self.startup_probe,
+            switch_calibration=self.switch_calibration,
         )
 
 

@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dynres.core.metrics import METRIC_KEYS
+from dynres.runtime.loop.calibration import SwitchCalibration
 from dynres.runtime.loop.controller import ReplicaEvent, StateChange
 from dynres.runtime.loop.decisions import DecisionRecord
 from dynres.runtime.loop.ops import OpFailure, OpStat
-from dynres.runtime.loop.probe import StartupProbe
 
 
 @dataclass
@@ -256,7 +256,7 @@ class RunReport:
     quarantined: dict[str, str]
     """Replica id -> why it was taken out of the run."""
     replica_events: list[ReplicaEvent]
-    """Replicas put on probation after a failure, back after a probe, or quarantined, in order."""
+    """Replicas put on probation after a failure, back after a health probe, or quarantined, in order."""
     failed_samples: list[str]
     """Ids of samples given up because a request failed on every replica it tried (should be empty)."""
     final_state: str
@@ -271,10 +271,11 @@ class RunReport:
     """Why the run ended before its cycles were done ('' when it finished them)."""
     checkpoint: dict[str, Any] | None = None
     """State needed to resume (RunSpec.keep_checkpoint), JSON-serialisable; None otherwise."""
-    startup_probe: StartupProbe | None = None
-    """The switch measured before the first cycle (RunSpec.startup_probe), and the start-up sleep of
-    hybrid replicas that started awake; not a cycle switch, not in ``operations``; None when it did
-    nothing."""
+    switch_calibration: SwitchCalibration | None = None
+    """The switches measured before the first cycle (RunSpec.calibration_switches), and the start-up
+    sleep of hybrid replicas that started awake; not a cycle switch, not in ``operations``; None
+    when it did nothing. Older report.json files call it ``startup_probe``
+    (:data:`~dynres.runtime.renamed_keys.RENAMED_REPORT_KEYS`)."""
 
     def to_dict(self) -> dict[str, Any]:
         """The report as plain JSON-serialisable data."""

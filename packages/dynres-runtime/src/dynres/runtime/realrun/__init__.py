@@ -118,7 +118,7 @@ async def _run_local(
     finally:
         for engine in [*standalone, *hybrid, trainer]:
             try:
-                await asyncio.wait_for(engine.shutdown(), cfg.cluster.shutdown_timeout_s)
+                await asyncio.wait_for(engine.shutdown(), cfg.ray.shutdown_timeout_s)
             except Exception as exc:
                 logger.warning("shutdown of %r failed: %s", engine, exc)
 
@@ -166,7 +166,7 @@ def execute(
             from dynres.runtime.backends.ray.cluster import RayCluster
             from dynres.runtime.realrun.on_ray import run_on_ray
 
-            cluster_conn = RayCluster(cfg.cluster)
+            cluster_conn = RayCluster(cfg.ray)
             cluster_conn.connect()  # blocking by nature: done before the event loop starts
             report = asyncio.run(run_on_ray(cfg, model_path, sink, backend, on_status, poll_s, on_interrupt))
         outcome.report = report

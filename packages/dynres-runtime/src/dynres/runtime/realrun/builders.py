@@ -170,7 +170,7 @@ def build_spec(
         policy_timeout_s=cfg.run.policy_timeout_s,
         sleep_level=cfg.run.sleep_level,
         seed=cfg.run.seed,
-        startup_probe=cfg.run.startup_probe,
+        calibration_switches=cfg.run.calibration_switches,
     )
 
 

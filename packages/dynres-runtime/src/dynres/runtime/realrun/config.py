@@ -5,13 +5,15 @@ The file is a :class:`~dynres.core.config.DynresConfig` (verl's ``async_training
 its own::
 
     run:      {steps: 12, seed: 0}                       # sync cycles to train
-    cluster:  {address: null, slot: {CPU: 0.25}}         # Ray: local or an existing cluster
+    ray:      {address: null, slot: {CPU: 0.25}}         # Ray: local or an existing cluster
     engines:  {runtime: ray, rollout: vllm, trainer: torch, rollout_options: {...}}
     model:    {path: null, tiny: {hidden_size: 64}}      # null path: a random tiny Qwen2
     task:     {num_prompts: 64, prompt_length: 8, max_tokens: 16}
 
 Every section is strict (``extra="forbid"``): a typo is one error line naming the key and the
-nearest valid one.
+nearest valid one. Renamed keys (``cluster:`` -> ``ray:``, ``run.startup_probe`` ->
+``run.calibration_switches``) are still read, with one warning line
+(:data:`~dynres.runtime.renamed_keys.RENAMED_RUN_KEYS`).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from dynres.core.config import (
 )
 from dynres.core.errors import ConfigError
 from dynres.runtime.backends.ray.cluster import RayClusterConfig
+from dynres.runtime.renamed_keys import RENAMED_RUN_KEYS, upgrade_keys, upgrade_override_keys
 
 
 class RunSection(StrictModel):
@@ -45,15 +48,14 @@ class RunSection(StrictModel):
     op_timeout_s: float = Field(600.0, gt=0, description="Longest one engine operation may take (seconds).")
     policy_timeout_s: float = Field(10.0, gt=0, description="Longest one policy decision may take (seconds).")
     sleep_level: int = Field(1, ge=1, le=2, description="Replica.sleep level on deactivation (1 keeps weights in CPU).")
-    startup_probe: int = Field(
+    calibration_switches: int = Field(
         1,
         ge=0,
         le=10,
         description="Switch round trips (trainer offload, hybrid wake-up, weight load, sleep, onload) measured "
         "before the first cycle, so `dynres scenario fit` knows the switch costs of a run that never switches "
         "(count; 0 = none; needs hybrid replicas; a hybrid replica that starts awake is put to sleep either way). "
-        "Costs one idle switch per round, once per run: seconds on a "
-        "GPU cluster, about a tenth of a second on the tiny CPU example.",
+        "Costs one idle switch per round, once per run. Formerly `startup_probe`, still read with a warning.",
     )
 
 
@@ -114,13 +116,24 @@ class TaskSection(StrictModel):
 
 
 class RunConfig(DynresConfig):
-    """A ``dynres run`` file: the DynresConfig sections plus run, cluster, engines, model, task."""
+    """A ``dynres run`` file: the DynresConfig sections plus run, ray, engines, model, task."""
 
     run: RunSection = Field(..., description="How long to train.")
-    cluster: RayClusterConfig = Field(default_factory=RayClusterConfig, description="Where Ray runs.")
+    ray: RayClusterConfig = Field(
+        default_factory=RayClusterConfig,
+        description="Where Ray runs. Formerly `cluster`, still read with a warning (`cluster` in a scenario "
+        "holds GPU counts).",
+    )
     engines: EnginesSection = Field(default_factory=EnginesSection, description="Which engines, where.")
     model: ModelSection = Field(default_factory=ModelSection, description="The model.")
     task: TaskSection = Field(default_factory=TaskSection, description="The toy task.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_keys(cls, data: Any) -> Any:
+        # extra="forbid" rejects the old names, so they move to the new ones before validation.
+        # load_run_config has moved them already (with the file's name in the warning).
+        return upgrade_keys(data, RENAMED_RUN_KEYS, "run config")
 
     @model_validator(mode="after")
     def _run_checks(self) -> RunConfig:
@@ -192,8 +205,10 @@ def load_run_config(
     name = "config" if isinstance(source, Mapping) else str(source)
     if data is not None and not isinstance(data, Mapping):
         raise ConfigError(f"{name}: expected a mapping of sections at the top level, got {type(data).__name__}")
+    data = upgrade_keys(data or {}, RENAMED_RUN_KEYS, name)
     try:
-        data = apply_overrides(data or {}, overrides)
+        overrides = upgrade_override_keys(overrides or {}, RENAMED_RUN_KEYS, "--set")
+        data = apply_overrides(data, overrides)
     except ConfigError as exc:
         raise ConfigError(f"{name}: {exc}") from None
     if not strict:

@@ -15,6 +15,7 @@ from typing import Any
 
 from dynres.core.config import parse_set_items, shorthand_overrides
 from dynres.runtime.realrun.config import RunConfig, load_run_config, load_run_policy
+from dynres.runtime.renamed_keys import RENAMED_RUN_KEYS, upgrade_override_keys
 
 OUT_ROOT = Path("dynres-runs")
 """Where a run's output folder goes when none is given: ``dynres-runs/<run file name>``."""
@@ -54,17 +55,18 @@ def plan_launch(
     """Load and check run file ``config``; raise a DynresError naming the bad input and the fix.
 
     :param sets: ``KEY=VALUE`` overrides; ``steps``, ``policy`` and ``address`` are shorthands
-        for ``run.steps``, ``async_training.dynamic_schedule_policy`` and ``cluster.address``.
+        for ``run.steps``, ``async_training.dynamic_schedule_policy`` and ``ray.address``.
     :param strict: reject verl keys dynres does not model; else they are dropped and named in
         one line passed to ``on_ignored``.
     :param plot_dir: the plots' folder; naming one makes a missing matplotlib an error, where
         otherwise the run goes on without plots (and says so in :attr:`LaunchPlan.notes`).
     """
-    overrides = parse_set_items(sets)
+    # Renamed keys first, so --set cluster.address=... and --address clash like the new key would.
+    overrides = upgrade_override_keys(parse_set_items(sets), RENAMED_RUN_KEYS, "--set")
     shorthands = (
         ("--steps", "run.steps", steps),
         ("--policy", "async_training.dynamic_schedule_policy", policy),
-        ("--address", "cluster.address", address),
+        ("--address", "ray.address", address),
     )
     overrides.update(shorthand_overrides(overrides, shorthands))
     cfg = load_run_config(config, overrides, strict=strict, on_ignored=on_ignored)

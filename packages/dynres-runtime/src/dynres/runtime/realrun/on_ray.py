@@ -144,7 +144,7 @@ async def run_on_ray(
     from dynres.runtime.realrun.builders import engine_factories
 
     ray = require_ray()
-    cluster = RayCluster(cfg.cluster)
+    cluster = RayCluster(cfg.ray)
     factories = engine_factories(cfg, model_path)
     dyn = cfg.dynres_config()
     coordinator = None
@@ -154,7 +154,7 @@ async def run_on_ray(
         # The coordinator sits next to the driver: progress polls stay local, and losing a
         # rollout node never takes the run's brain with it.
         coordinator = cluster.spawn(
-            CoordinatorActor, cfg.cluster.lag_interval_s, node_id=driver_node_id(), name="dynres-coordinator"
+            CoordinatorActor, cfg.ray.lag_interval_s, node_id=driver_node_id(), name="dynres-coordinator"
         )
         build = Factory("dynres.runtime.realrun.builders:build_spec", {"config": cfg.model_dump()})
         # Engine start-up (imports, model loading) is not the run: measure the loops from here.
@@ -167,7 +167,7 @@ async def run_on_ray(
         return report
     except asyncio.CancelledError:
         if coordinator is not None:
-            await _stop(coordinator, cfg.cluster.shutdown_timeout_s, sink, backend, on_interrupt)
+            await _stop(coordinator, cfg.ray.shutdown_timeout_s, sink, backend, on_interrupt)
         if run_fut is not None:
             # The remote run ends with TaskCancelledError now; collect it so nothing is logged.
             run_fut.cancel()

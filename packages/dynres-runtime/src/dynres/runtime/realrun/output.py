@@ -45,14 +45,14 @@ def operations_lines(report: Any) -> list[str]:
             f"  engine {name:<15} {st.count:>5} calls  total {st.total_s:8.3f} s  max {st.max_s:7.3f} s"
             + (f"  failures {st.failures}" if st.failures else "")
         )
-    probe = getattr(report, "startup_probe", None)
-    if probe is not None:
-        from dynres.runtime.loop.probe import PROBE_OPS
+    calibration = getattr(report, "switch_calibration", None)
+    if calibration is not None:
+        from dynres.runtime.loop.calibration import CALIBRATION_OPS
 
-        per_op = ", ".join(f"{op} {sum(probe.durations(op)):.3f} s" for op in PROBE_OPS)
+        per_op = ", ".join(f"{op} {sum(calibration.durations(op)):.3f} s" for op in CALIBRATION_OPS)
         lines.append(
-            f"start-up probe (run.startup_probe, not counted above): {probe.rounds} switch round trip(s) in "
-            f"{probe.duration_s:.3f} s before cycle 1: {per_op}"
+            f"switch calibration (run.calibration_switches, not counted above): {calibration.rounds} switch "
+            f"round trip(s) in {calibration.duration_s:.3f} s before cycle 1: {per_op}"
         )
     return lines
 

@@ -6,7 +6,8 @@ Two formats, told apart by the first record:
   :meth:`dynres.runtime.loop.report.CycleReport.to_record` (``step``, ``start_s``, ``duration_s``,
   ``dynamic_resource/*``, ``batch/*``, ...). The files ``dynres run`` writes next to it are read
   when present: ``config.json`` (the resolved run config) and ``report.json`` (engine operation
-  timings, end-to-end time, the policy).
+  timings, end-to-end time, the policy). Keys an older dynres wrote under their old names are read
+  under the new ones (:mod:`dynres.runtime.renamed_keys`).
 * **verl** (verl's ``file`` logger backend, ``trainer.logger=[..., file]``): one line per
   ``logger.log`` call, ``{"step": <param version>, "data": {<metric>: <value>}}``. The
   fully-async trainer logs twice per sync cycle under the same step (the rollouter's timings,
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from dynres.core.errors import MetricsError
+from dynres.runtime.renamed_keys import RENAMED_REPORT_KEYS, RENAMED_RUN_KEYS, upgrade_keys
 
 DYNRES = "dynres"
 """Format name of ``dynres run``'s metrics.jsonl."""
@@ -132,7 +134,7 @@ def read_report(path: str | Path, *, what: str = "report") -> tuple[dict[str, An
         raise MetricsError(f"{what} {p}: not a readable JSON report ({exc}); give a dynres run's report.json") from None
     if not isinstance(data, dict) or not isinstance((data.get("operations") or {}).get("engine"), dict):
         raise MetricsError(f"{what} {p}: no operations.engine timings; give the report.json a `dynres run` wrote")
-    return data, str(p)
+    return upgrade_keys(data, RENAMED_REPORT_KEYS, f"{what} {p}", written_by_dynres=True), str(p)
 
 
 def detect_format(first: Any) -> str | None:
@@ -181,13 +183,17 @@ def _dynres_run(p: Path, rows: list[tuple[int, Any]], what: str) -> RunMetrics:
         cycles.append(rec)
     cycles.sort(key=lambda r: r["step"])
     run = RunMetrics(path=p, format=DYNRES, cycles=cycles)
-    for name, attr in (("config.json", "config"), ("report.json", "report")):
+    for name, attr, renamed in (
+        ("config.json", "config", RENAMED_RUN_KEYS),
+        ("report.json", "report", RENAMED_REPORT_KEYS),
+    ):
         side = p.parent / name
         if side.exists():
             try:
-                setattr(run, attr, json.loads(side.read_text(encoding="utf-8")))
+                data = json.loads(side.read_text(encoding="utf-8"))
             except (OSError, json.JSONDecodeError):
                 continue  # a damaged side file only costs what it would have told
+            setattr(run, attr, upgrade_keys(data, renamed, str(side), written_by_dynres=True))
             if attr == "config":
                 run.config_source = str(side)
     return run

@@ -36,7 +36,7 @@ from dynres.runtime.protocols import ReplicaKind
 
 
 class RayClusterConfig(StrictModel):
-    """The ``cluster`` section: where Ray runs and what one accelerator slot reserves."""
+    """The ``ray`` section of a run file: where Ray runs and what one accelerator slot reserves."""
 
     address: str | None = Field(
         None,
@@ -163,8 +163,8 @@ class RayCluster:
             ray.init(**kwargs)
         except ConnectionError as exc:
             raise BackendError(
-                f"cannot reach the Ray cluster at cluster.address={cfg.address!r} ({exc}); "
-                "start it with `ray start --head` or set cluster.address to null for a local Ray"
+                f"cannot reach the Ray cluster at ray.address={cfg.address!r} ({exc}); "
+                "start it with `ray start --head` or set ray.address to null for a local Ray"
             ) from None
         self.started_ray = cfg.address is None
         self.connected = True
@@ -278,7 +278,7 @@ class RayCluster:
         except TimeoutError:
             raise BackendTimeoutError(
                 f"engines not started after cluster.start_timeout_s={cfg.start_timeout_s:.0f}s; "
-                "raise it or check the actor logs (cluster.log_to_driver: true)"
+                "raise it or check the actor logs (ray.log_to_driver: true)"
             ) from None
         for proxy, info in zip(proxies, infos, strict=True):
             proxy._info = info

@@ -25,7 +25,7 @@ What is fitted (symbols of :mod:`dynres.runtime.sim.workload`):
   ``c = concurrent_samples_per_replica * n`` the rollouter keeps each replica at;
 * the fit step: ``step_s = t * T_0 / T`` for each measured step of ``T`` tokens (token_fraction 1);
 * costs: the engine operations' mean durations (``report.json``: the cycles' switches, else the
-  start-up probe's idle switch, ``startup_probe``) and each cycle's weight sync;
+  switch calibration's idle switch, ``switch_calibration``) and each cycle's weight sync;
 * the run config (batch, staleness, partial rollout, policy, cluster split) from the run's
   config (dynres ``config.json`` or ``--config``), else derived from the records where they tell;
 * ``cluster.shared_host`` from the config's engines and device (vLLM / torch on CPU slots of one

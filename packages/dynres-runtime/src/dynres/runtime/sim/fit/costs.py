@@ -2,11 +2,11 @@
 
 A switch cost can come from four places, taken in this order (:func:`fit_switch_costs`): the
 run's own switches during its cycles, the switches of ``--costs-from``'s cycles, the run's
-start-up probe, ``--costs-from``'s start-up probe; else the scenario default, listed as missing.
-Switches made during cycles come first because they are what the simulator replays: made while
-the standalone replicas generate, with the abort and drain of in-flight requests. The probe
-(``report.json``'s ``startup_probe``) measures one idle switch before the first cycle, and has
-no abort; it is what a run that never switched (``static_fully_async``) can tell.
+switch calibration, ``--costs-from``'s switch calibration; else the scenario default, listed as
+missing. Switches made during cycles come first because they are what the simulator replays:
+made while the standalone replicas generate, with the abort and drain of in-flight requests. The
+calibration (``report.json``'s ``switch_calibration``) measures idle switches before the first
+cycle, and has no abort; it is what a run that never switched (``static_fully_async``) can tell.
 """
 
 from __future__ import annotations
@@ -49,34 +49,34 @@ def fit_switch_costs(
     costs_source: str,
 ) -> None:
     """Each switch cost from the first of: ``report``'s cycle switches, ``costs_from``'s, ``report``'s
-    start-up probe, ``costs_from``'s probe; else the default, named as missing with ``why_missing``
+    switch calibration, ``costs_from``'s; else the default, named as missing with ``why_missing``
     (``{op}`` is the operation). ``report`` None: the format has no report.json at all."""
     for key, op in SWITCH_OPS:
         own, other = _ops_cost(report, op), _ops_cost(costs_from, op)
-        own_probe, other_probe = _probe_values(report, op), _probe_values(costs_from, op)
+        own_cal, other_cal = _calibration_values(report, op), _calibration_values(costs_from, op)
         if own:
             scenario.set(key, round(own[0], 6), f"[M] report.json {own[1]}")
         elif other:
             scenario.set(key, round(other[0], 6), f"[M] {costs_source} {other[1]} (--costs-from)")
-        elif own_probe:
-            scenario.set(key, round(mean_spread(own_probe)[0], 6), _probe_note(own_probe, op, "report.json"))
-        elif other_probe:
-            note = _probe_note(other_probe, op, costs_source)
-            scenario.set(key, round(mean_spread(other_probe)[0], 6), note + " (--costs-from)")
+        elif own_cal:
+            scenario.set(key, round(mean_spread(own_cal)[0], 6), _calibration_note(own_cal, op, "report.json"))
+        elif other_cal:
+            note = _calibration_note(other_cal, op, costs_source)
+            scenario.set(key, round(mean_spread(other_cal)[0], 6), note + " (--costs-from)")
         else:
             why = why_missing.format(op=op)
-            if op != "abort" and report is not None and not (report or {}).get("startup_probe"):
-                why += "; no start-up probe (run.startup_probe: 0, or no hybrid replicas)"
+            if op != "abort" and report is not None and not (report or {}).get("switch_calibration"):
+                why += "; no switch calibration (run.calibration_switches: 0, or no hybrid replicas)"
             scenario.default(key, f"{op} timings ({why})")
 
 
-def _probe_values(report: Mapping[str, Any] | None, op: str) -> list[float]:
-    """One value per probed switch of a replica (or of the trainer) for ``op`` from a report's
-    ``startup_probe`` (seconds): wake_up sums a replica's weights and kv_cache calls of a round."""
-    probe = (report or {}).get("startup_probe")
-    if not isinstance(probe, Mapping):
+def _calibration_values(report: Mapping[str, Any] | None, op: str) -> list[float]:
+    """One value per calibrated switch of a replica (or of the trainer) for ``op`` from a report's
+    ``switch_calibration`` (seconds): wake_up sums a replica's weights and kv_cache calls of a round."""
+    calibration = (report or {}).get("switch_calibration")
+    if not isinstance(calibration, Mapping):
         return []
-    steps = [s for s in probe.get("steps") or [] if isinstance(s, Mapping) and s.get("ok") and s.get("op") == op]
+    steps = [s for s in calibration.get("steps") or [] if isinstance(s, Mapping) and s.get("ok") and s.get("op") == op]
     if op != "wake_up":
         return [float(s["duration_s"]) for s in steps]
     per: dict[tuple[Any, Any], float] = {}
@@ -86,14 +86,14 @@ def _probe_values(report: Mapping[str, Any] | None, op: str) -> list[float]:
     return list(per.values())
 
 
-def _probe_note(values: Sequence[float], op: str, where: str) -> str:
-    """The note of a cost taken from a start-up probe: how many values and their spread."""
+def _calibration_note(values: Sequence[float], op: str, where: str) -> str:
+    """The note of a cost taken from a switch calibration: how many values and their spread."""
     what = "replica wake-ups (weights + kv_cache calls)" if op == "wake_up" else f"{op} calls"
     if len(values) < 2:
-        spread = "spread unknown (one value; raise run.startup_probe for more)"
+        spread = "spread unknown (one value; raise run.calibration_switches for more)"
     else:
         spread = f"spread {mean_spread(values)[1] * 100:.0f}%, max {max(values):.3g} s"
-    return f"[M] {where} start-up probe (idle switch before cycle 1), mean of n={len(values)} {what}, {spread}"
+    return f"[M] {where} switch calibration (idle switch before cycle 1), mean of n={len(values)} {what}, {spread}"
 
 
 def _ops_cost(report: Mapping[str, Any] | None, op: str) -> tuple[float, str] | None:

@@ -17,6 +17,7 @@ from typing import Any
 
 from dynres.core.config import DynresConfig, drop_verl_only_keys, read_yaml, validate_model
 from dynres.core.errors import ConfigError, MetricsError
+from dynres.runtime.renamed_keys import RENAMED_REPORT_KEYS, RENAMED_RUN_KEYS, upgrade_keys
 from dynres.runtime.sim.fit.costs import fit_switch_costs, op_mean
 from dynres.runtime.sim.fit.formats import FORMATS, DerivedConfig, Lengths, MetricsFormat, config_value
 from dynres.runtime.sim.fit.provenance import AnnotatedScenario, scenario_yaml
@@ -140,7 +141,7 @@ def fit_scenario(
 
     ``costs_from`` is another dynres run's report.json (same engines): the switch operations
     ``run`` never performed in a cycle (sleep, wake_up, abort, offload, onload) take their mean
-    durations from its cycles, ahead of ``run``'s own start-up probe (see
+    durations from its cycles, ahead of ``run``'s own switch calibration (see
     :func:`~.costs.fit_switch_costs`); its cycles with hybrid replicas generating fit
     ``hybrid_speed_factor``; ``costs_source`` names it in the comments.
 
@@ -148,7 +149,12 @@ def fit_scenario(
     every fit needs (a cycle time, and response lengths).
     """
     if config is not None:
-        run.config, run.config_source = dict(config), config_source or "--config"
+        # A run file's renamed keys (``cluster:``) are read under their new names, with a warning.
+        source = config_source or "--config"
+        run.config, run.config_source = dict(upgrade_keys(config, RENAMED_RUN_KEYS, source)), source
+    if costs_from is not None:
+        where = costs_source or "--costs-from"
+        costs_from = upgrade_keys(costs_from, RENAMED_REPORT_KEYS, where, written_by_dynres=True)
     if len(run.cycles) < MIN_CYCLES:
         raise MetricsError(
             f"metrics {run.path}: {len(run.cycles)} sync cycle(s); a fit needs at least {MIN_CYCLES}, "

@@ -107,7 +107,7 @@ def host_facts(rcfg: Mapping[str, Any]) -> tuple[bool | None, str]:
     """Whether a dynres run config puts every engine on one machine's CPU cores, and the facts read.
 
     True: vLLM / torch engines, no GPU in any Ray slot nor a CUDA trainer device, all on one
-    machine (``engines.runtime: local`` or a local Ray, ``cluster.address`` null). False: fake
+    machine (``engines.runtime: local`` or a local Ray, ``ray.address`` null). False: fake
     engines (modelled speeds share nothing) or GPUs. None: the config does not tell.
     """
     engines = rcfg.get("engines")
@@ -116,19 +116,19 @@ def host_facts(rcfg: Mapping[str, Any]) -> tuple[bool | None, str]:
     rollout, trainer = engines.get("rollout"), engines.get("trainer")
     if rollout != "vllm":
         return False, f"engines.rollout={rollout}: modelled speeds, no compute shared"
-    raw_cl, raw_topts = rcfg.get("cluster"), engines.get("trainer_options")
+    raw_cl, raw_topts = rcfg.get("ray"), engines.get("trainer_options")
     cl: Mapping[str, Any] = raw_cl if isinstance(raw_cl, Mapping) else {}
     topts: Mapping[str, Any] = raw_topts if isinstance(raw_topts, Mapping) else {}
     slots = {k: cl.get(k) for k in ("slot", "trainer_slot", "standalone_slot") if cl.get(k)}
-    gpu = [f"cluster.{k}={yaml_scalar(v)}" for k, v in slots.items() if _gpu_slot(v)]
+    gpu = [f"ray.{k}={yaml_scalar(v)}" for k, v in slots.items() if _gpu_slot(v)]
     device = str(topts.get("device") or "cpu")
     if trainer == "torch" and device != "cpu":
         gpu.append(f"engines.trainer_options.device={device}")
     if gpu:
         return False, f"engines on accelerators ({', '.join(gpu)})"
     local = engines.get("runtime") == "local" or cl.get("address") is None
-    where = "engines.runtime=local" if engines.get("runtime") == "local" else "a local Ray (cluster.address null)"
-    slot_text = ", ".join(f"cluster.{k}={yaml_scalar(v)}" for k, v in slots.items()) or "no slot"
+    where = "engines.runtime=local" if engines.get("runtime") == "local" else "a local Ray (ray.address null)"
+    slot_text = ", ".join(f"ray.{k}={yaml_scalar(v)}" for k, v in slots.items()) or "no slot"
     facts = f"engines.rollout=vllm, engines.trainer={trainer} on CPU ({slot_text}, no GPU)"
     if not local:
         return None, f"{facts} on the Ray cluster at {cl.get('address')}: one host or several is not known"
@@ -155,7 +155,7 @@ def fit_shared_host(
         facts = without_facts
     shared, note = _host_verdict(facts, solved_hybrid)
     if shared is None:
-        scenario.default(key, "the engines' device (config.json engines and cluster slots)")
+        scenario.default(key, "the engines' device (config.json engines and ray slots)")
         return
     scenario.set(key, shared, note)
     if shared:
