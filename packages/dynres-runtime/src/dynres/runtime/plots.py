@@ -109,6 +109,14 @@ def _legend(ax: Any) -> None:
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, fontsize="small")
 
 
+def _save(plt: Any, fig: Any, path: Path) -> Path:
+    """Lay out, write and close ``fig``; return ``path``."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def write_plots(
     report: RunReport,
     out_dir: str | Path,
@@ -126,28 +134,36 @@ def write_plots(
     plt = _pyplot()
     out = _out_dir(out_dir)
     label = title or report.policy
-    steps = _steps(report)
+    drawings: tuple[tuple[str, tuple[float, float], Any], ...] = (
+        (PLOT_FILES[0], (8, 3.6), lambda ax: _draw_queue(ax, report, label, queue_cap)),
+        (PLOT_FILES[1], (8, 3.6), lambda ax: _draw_utilization(ax, report, label)),
+        (PLOT_FILES[2], (8, 3.6), lambda ax: _draw_step_time(ax, report, label)),
+        (PLOT_FILES[3], (9, 2.8), lambda ax: _draw_hybrid_timeline(ax, report, label, hybrid_replicas)),
+    )
     paths: list[Path] = []
+    for name, size, draw in drawings:
+        fig, ax = plt.subplots(figsize=size)
+        draw(ax)
+        paths.append(_save(plt, fig, out / name))
+    return paths
 
-    def save(fig: Any, name: str) -> None:
-        fig.tight_layout()
-        fig.savefig(out / name, dpi=110)
-        plt.close(fig)
-        paths.append(out / name)
 
-    fig, ax = plt.subplots(figsize=(8, 3.6))
+def _draw_queue(ax: Any, report: RunReport, label: str, queue_cap: int | None) -> None:
+    """The samples waiting after each fit step, and the queue cap when given."""
     qs, qv = _queue_points(report)
     ax.plot(qs, qv, marker=".", label="samples waiting after the fit step")
     if queue_cap is not None:
         ax.axhline(queue_cap, color="tab:red", linestyle="--", label=f"queue cap ({queue_cap} samples)")
     ax.set(ylabel="samples", title=f"{label}: samples waiting in the queue after each step")
     ax.set_ylim(bottom=0)
-    _integer_steps(ax, last_left_out=len(qs) < len(steps))
+    _integer_steps(ax, last_left_out=len(qs) < len(report.cycles))
     _legend(ax)
     ax.grid(alpha=0.3)
-    save(fig, "mq_size.png")
 
-    fig, ax = plt.subplots(figsize=(8, 3.6))
+
+def _draw_utilization(ax: Any, report: RunReport, label: str) -> None:
+    """The trainer's, the rollout's and the whole cluster's busy fraction per step."""
+    steps = _steps(report)
     for key, name in (
         (TRAIN_UTILIZATION, "trainer GPUs (training)"),
         (ROLLOUT_UTILIZATION, "rollout GPUs (generating)"),
@@ -158,17 +174,19 @@ def write_plots(
     _integer_steps(ax)
     _legend(ax)
     ax.grid(alpha=0.3)
-    save(fig, "utilization.png")
 
-    fig, ax = plt.subplots(figsize=(8, 3.6))
-    ax.plot(steps, [c.duration_s for c in report.cycles], marker=".")
+
+def _draw_step_time(ax: Any, report: RunReport, label: str) -> None:
+    """The time of each sync cycle."""
+    ax.plot(_steps(report), [c.duration_s for c in report.cycles], marker=".")
     ax.set(ylabel="seconds", title=f"{label}: time of each step (sync cycle)")
     ax.set_ylim(bottom=0)
     _integer_steps(ax)
     ax.grid(alpha=0.3)
-    save(fig, "step_time.png")
 
-    fig, ax = plt.subplots(figsize=(9, 2.8))
+
+def _draw_hybrid_timeline(ax: Any, report: RunReport, label: str, hybrid_replicas: int | None) -> None:
+    """The controller's state over the run (hours), or why there is none to show."""
     ax.set(title=f"{label}: were the trainer's GPUs lent out as hybrid replicas?")
     if hybrid_replicas == 0 or not report.timeline:
         why = (
@@ -179,21 +197,19 @@ def write_plots(
         ax.text(0.5, 0.5, f"no hybrid timeline: {why}", ha="center", va="center", transform=ax.transAxes)
         ax.set_xticks([])
         ax.set_yticks([])
-    else:
-        xs: list[float] = [0.0]
-        ys: list[int] = [0]
-        for change in report.timeline:
-            xs.append(change.at_s / 3600)
-            ys.append(_STATE_LEVEL.get(change.new, 1))
-        end = max(report.end_to_end_s / 3600, xs[-1])
-        xs.append(end)
-        ys.append(ys[-1])
-        ax.step(xs, ys, where="post")
-        ax.set_yticks([0, 1, 2], ["standalone only", "switching", "hybrid active"])
-        ax.set(xlabel="hours since the start", xlim=(0, end))
-        ax.grid(alpha=0.3)
-    save(fig, "hybrid_timeline.png")
-    return paths
+        return
+    xs: list[float] = [0.0]
+    ys: list[int] = [0]
+    for change in report.timeline:
+        xs.append(change.at_s / 3600)
+        ys.append(_STATE_LEVEL.get(change.new, 1))
+    end = max(report.end_to_end_s / 3600, xs[-1])
+    xs.append(end)
+    ys.append(ys[-1])
+    ax.step(xs, ys, where="post")
+    ax.set_yticks([0, 1, 2], ["standalone only", "switching", "hybrid active"])
+    ax.set(xlabel="hours since the start", xlim=(0, end))
+    ax.grid(alpha=0.3)
 
 
 def write_comparison_plots(
@@ -206,13 +222,6 @@ def write_comparison_plots(
     plt = _pyplot()
     out = _out_dir(out_dir)
     paths: list[Path] = []
-
-    def save(fig: Any, name: str) -> None:
-        fig.tight_layout()
-        fig.savefig(out / name, dpi=110)
-        plt.close(fig)
-        paths.append(out / name)
-
     labels = list(reports)
     hours = [reports[k].end_to_end_s / 3600 for k in labels]
     fig, ax = plt.subplots(figsize=(8, 0.6 * len(labels) + 1.6))
@@ -226,7 +235,7 @@ def write_comparison_plots(
     ax.set(xlabel="hours (shorter is better)", title="end-to-end time of each run")
     ax.set_xlim(0, max(hours) * 1.35 if hours and max(hours) > 0 else 1)
     ax.grid(alpha=0.3, axis="x")
-    save(fig, "compare_end_to_end.png")
+    paths.append(_save(plt, fig, out / "compare_end_to_end.png"))
 
     for key, name, ylabel, title in (
         (MQ_SIZE, "compare_mq_size.png", "samples", "samples waiting in the queue after each step"),
@@ -253,5 +262,5 @@ def write_comparison_plots(
         _integer_steps(ax, last_left_out=key == MQ_SIZE)
         _legend(ax)
         ax.grid(alpha=0.3)
-        save(fig, name)
+        paths.append(_save(plt, fig, out / name))
     return paths

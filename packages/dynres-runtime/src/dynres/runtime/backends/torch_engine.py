@@ -275,6 +275,10 @@ def _field(obj: Any, name: str, default: Any = None) -> Any:
     return getattr(obj, name, default)
 
 
+_Group = tuple[list[int], list[list[int]], list[float], list[Any]]
+"""One sample being prepared: prompt tokens, each response's tokens, their rewards, the responses."""
+
+
 class TorchTrainEngine:
     """A :class:`TrainEngine` that trains a HF causal LM with a GRPO-style clipped policy gradient."""
 
@@ -370,45 +374,58 @@ class TorchTrainEngine:
         return [float(self.reward_fn(prompt, r)) for r in responses]
 
     def prepare(self, batch: Sequence[Any], phase_times: dict[str, float] | None = None) -> PreparedBatch:
-        """Rewards, padding, old log-probs and group-normalised advantages for ``batch`` (sync)."""
-        torch = self.torch
+        """Rewards, padding, old log-probs and group-normalised advantages for ``batch`` (sync).
+
+        ``phase_times`` receives the seconds of the ``reward``, ``adv`` and ``old_log_prob`` phases.
+        """
         times = phase_times if phase_times is not None else {}
         t0 = time.perf_counter()
-        groups: list[tuple[list[int], list[list[int]], list[float], list[Any]]] = []
-        for sample in batch:
-            prompt_ids = _field(sample, "prompt_token_ids")
-            if prompt_ids is None and _field(sample, "group") is not None:
-                # dynres.runtime.samples.Sample keeps the prompt on its PromptGroup.
-                prompt_ids = _field(_field(sample, "group"), "prompt_token_ids")
-            if prompt_ids is None:
-                raise BackendError(
-                    f"batch item {type(sample).__name__} has no prompt_token_ids (nor "
-                    ".group.prompt_token_ids); pass TrainSample or runtime Sample objects"
-                )
-            prompt = [int(t) for t in prompt_ids]
-            resps = list(_field(sample, "responses"))
-            toks = [_tokens_of(r) for r in resps]
-            rewards = _field(sample, "rewards")
-            rewards = list(map(float, rewards)) if rewards is not None else self._compute_rewards(prompt, toks)
-            if len(rewards) != len(toks):
-                raise BackendError(
-                    f"sample {_field(sample, 'sample_id', '')!r} has {len(toks)} responses "
-                    f"but {len(rewards)} rewards; give one reward per response"
-                )
-            groups.append((prompt, toks, rewards, resps))
+        groups = [self._group(sample) for sample in batch]
         times["reward"] = time.perf_counter() - t0
-
-        # Advantages: normalise within each group (GRPO), so only relative quality matters.
         t0 = time.perf_counter()
+        advs = self._advantages(groups)
+        times["adv"] = time.perf_counter() - t0
+        prepared = self._padded(groups, advs)
+        t0 = time.perf_counter()
+        prepared.old_log_probs = self._old_log_probs(prepared, groups)
+        times["old_log_prob"] = time.perf_counter() - t0
+        return prepared
+
+    def _group(self, sample: Any) -> _Group:
+        """One sample as (prompt, response tokens, rewards, responses); rewards from ``reward_fn`` if absent."""
+        prompt_ids = _field(sample, "prompt_token_ids")
+        if prompt_ids is None and _field(sample, "group") is not None:
+            # dynres.runtime.samples.Sample keeps the prompt on its PromptGroup.
+            prompt_ids = _field(_field(sample, "group"), "prompt_token_ids")
+        if prompt_ids is None:
+            raise BackendError(
+                f"batch item {type(sample).__name__} has no prompt_token_ids (nor "
+                ".group.prompt_token_ids); pass TrainSample or runtime Sample objects"
+            )
+        prompt = [int(t) for t in prompt_ids]
+        resps = list(_field(sample, "responses"))
+        toks = [_tokens_of(r) for r in resps]
+        rewards = _field(sample, "rewards")
+        rewards = list(map(float, rewards)) if rewards is not None else self._compute_rewards(prompt, toks)
+        if len(rewards) != len(toks):
+            raise BackendError(
+                f"sample {_field(sample, 'sample_id', '')!r} has {len(toks)} responses "
+                f"but {len(rewards)} rewards; give one reward per response"
+            )
+        return prompt, toks, rewards, resps
+
+    def _advantages(self, groups: Sequence[_Group]) -> list[float]:
+        """One advantage per response, normalised within its group (GRPO: only relative quality matters)."""
         advs: list[float] = []
-        flat_rewards: list[float] = []
         for _, _, rewards, _ in groups:
             m = sum(rewards) / len(rewards)
             sd = math.sqrt(sum((r - m) ** 2 for r in rewards) / len(rewards)) if len(rewards) > 1 else 0.0
             advs.extend((r - m) / (sd + self.config.adv_eps) for r in rewards)
-            flat_rewards.extend(rewards)
-        times["adv"] = time.perf_counter() - t0
+        return advs
 
+    def _padded(self, groups: Sequence[_Group], advs: list[float]) -> PreparedBatch:
+        """Prompt + response of every response as right-padded rows, with the response-token mask."""
+        torch = self.torch
         seqs = [(p, r) for p, toks, _, _ in groups for r in toks]
         if not seqs:
             raise BackendError("train_step got an empty batch; wait for at least one sample")
@@ -423,35 +440,36 @@ class TorchTrainEngine:
             attn[i, : len(ids)] = 1
             # Position t predicts token t+1: response tokens are predicted from len(p)-1 on.
             loss_mask[i, len(p) - 1 : len(ids) - 1] = 1.0
-        prepared = PreparedBatch(
+        return PreparedBatch(
             input_ids=input_ids.to(self.device),
             attention_mask=attn.to(self.device),
             loss_mask=loss_mask.to(self.device),
             advantages=torch.tensor(advs, device=self.device),
             old_log_probs=None,
-            rewards=flat_rewards,
+            rewards=[r for _, _, rewards, _ in groups for r in rewards],
         )
 
-        t0 = time.perf_counter()
+    def _old_log_probs(self, prepared: PreparedBatch, groups: Sequence[_Group]) -> Any:
+        """[rows, T-1] log-probs of the response tokens under the weights that generated them:
+        recomputed now, or (``recompute_old_log_prob=False``) the rollout's own."""
+        torch = self.torch
+        n, width = prepared.input_ids.shape
         if self.config.recompute_old_log_prob:
             with torch.no_grad():
-                prepared.old_log_probs = self._token_log_probs(prepared, range(n)).detach()
-        else:
-            old = torch.zeros((n, width - 1), dtype=torch.float32)
-            i = 0
-            for p, toks, _, resps in groups:
-                for toks_r, resp in zip(toks, resps, strict=False):
-                    lps = list(getattr(resp, "logprobs", ()) or ())
-                    if len(lps) != len(toks_r):
-                        raise BackendError(
-                            "recompute_old_log_prob=False needs rollout log-probs for every "
-                            "response token; enable recompute_old_log_prob"
-                        )
-                    old[i, len(p) - 1 : len(p) - 1 + len(toks_r)] = torch.tensor(lps)
-                    i += 1
-            prepared.old_log_probs = old.to(self.device)
-        times["old_log_prob"] = time.perf_counter() - t0
-        return prepared
+                return self._token_log_probs(prepared, range(n)).detach()
+        old = torch.zeros((n, width - 1), dtype=torch.float32)
+        i = 0
+        for p, toks, _, resps in groups:
+            for toks_r, resp in zip(toks, resps, strict=False):
+                lps = list(getattr(resp, "logprobs", ()) or ())
+                if len(lps) != len(toks_r):
+                    raise BackendError(
+                        "recompute_old_log_prob=False needs rollout log-probs for every "
+                        "response token; enable recompute_old_log_prob"
+                    )
+                old[i, len(p) - 1 : len(p) - 1 + len(toks_r)] = torch.tensor(lps)
+                i += 1
+        return old.to(self.device)
 
     def _token_log_probs(self, pb: PreparedBatch, rows: Sequence[int] | range) -> Any:
         """[len(rows), T-1] log-prob of each next token under the current weights (micro-batched)."""

@@ -177,24 +177,59 @@ class FullyAsyncRun:
     drives the cycles.
     """
 
+    spec: RunSpec
+    """What to run (config, policy, replicas, trainer, prompts, cycles)."""
+    policy: BoundPolicy
+    """The policy behind its plugin manager (plugins may wrap its decisions)."""
+    clock: RunClock
+    """Seconds since :meth:`run` started, on the event loop's clock."""
+    ops: OpRunner
+    """Runs every backend operation with the op timeout; keeps per-operation timings and failures."""
+    balancer: LoadBalancer
+    """Routes generation requests to the routable replicas and retries aborted ones."""
+    queue: MessageQueue
+    """Finished samples waiting for the trainer (at most max_required_samples)."""
+    rollouter: Rollouter
+    """Admits samples from the prompt source within the staleness budget."""
+    controller: Controller
+    """Carries out activation, deactivation, rebalance and weight loading of the replicas."""
+    guard: DecisionGuard
+    """Asks the policy in a worker thread, with timeout, answer check, fallback and clamps."""
+    tracker: RunTracker
+    """Step bookkeeping; builds each decision's ScheduleContext."""
+    trainer: TrainerLoop
+    """Drives the sync cycles: policy calls, collections, train steps, weight syncs."""
+    switch_calibration: SwitchCalibration | None
+    """What the switch calibration measured; None when it did not run."""
+    interrupted_report: RunReport | None
+    """The report of a run that was cancelled (Ctrl-C of ``dynres run``): what it had when it
+    stopped, built after its teardown, with a checkpoint when one could be written; else None."""
+
     def __init__(self, spec: RunSpec) -> None:
         """Bind the policy and wire the balancer, queue, rollouter, controller and trainer loop."""
         self.spec = spec
-        """What to run (config, policy, replicas, trainer, prompts, cycles)."""
-        cfg = spec.config
-        at = cfg.async_training
         if isinstance(spec.policy, BoundPolicy):
             self.policy = spec.policy
         else:
             pm = spec.plugin_manager if spec.plugin_manager is not None else get_plugin_manager()
             self.policy = BoundPolicy(spec.policy, pm)
-        """The policy behind its plugin manager (plugins may wrap its decisions)."""
         self.clock = RunClock()
-        """Seconds since :meth:`run` started, on the event loop's clock."""
-        now = self.clock.elapsed
-        self.ops = OpRunner(timeout_s=spec.op_timeout_s, now=now)
-        """Runs every backend operation with the op timeout; keeps per-operation timings and failures."""
-        max_req = max_required_samples(cfg)
+        self.ops = OpRunner(timeout_s=spec.op_timeout_s, now=self.clock.elapsed)
+        # In the order the components need each other: the sample path first, then what moves
+        # replicas in and out of it, then the trainer loop that drives both.
+        self._wire_sample_path()
+        self._wire_control()
+        self._wire_trainer()
+        self.balancer.add_replicas(spec.standalone)
+        self.switch_calibration = None
+        self.interrupted_report = None
+        self._started = False
+
+    def _wire_sample_path(self) -> None:
+        """The balancer, the message queue and the rollouter: prompts -> requests -> samples."""
+        spec, now = self.spec, self.clock.elapsed
+        at = spec.config.async_training
+        max_req = max_required_samples(spec.config)
         # The balancer and the queue call back into the rollouter and controller built after them.
         self.balancer = LoadBalancer(
             seed=spec.seed,
@@ -203,14 +238,12 @@ class FullyAsyncRun:
             on_change=lambda: self.rollouter.on_capacity_change(),
             on_replica_failure=lambda rid, exc: self.controller.on_replica_failure(rid, exc),
         )
-        """Routes generation requests to the routable replicas and retries aborted ones."""
         self.queue = MessageQueue(
             max_req,
             max_staleness_versions=spec.max_staleness_versions,
             staleness_threshold=at.staleness_threshold,
             on_drop=lambda s: self.rollouter.on_drop(s),
         )
-        """Finished samples waiting for the trainer (at most max_required_samples)."""
         self.rollouter = Rollouter(
             balancer=self.balancer,
             queue=self.queue,
@@ -222,9 +255,12 @@ class FullyAsyncRun:
             # final run admits only what its cycles consume, so nothing is generated in vain.
             demand=None
             if spec.keep_checkpoint
-            else spec.num_cycles * step_required_samples(cfg.required_samples, at.trigger_parameter_sync_step),
+            else spec.num_cycles * step_required_samples(spec.config.required_samples, at.trigger_parameter_sync_step),
         )
-        """Admits samples from the prompt source within the staleness budget."""
+
+    def _wire_control(self) -> None:
+        """The controller (replica lifecycle) and the guard that asks the policy."""
+        spec, now = self.spec, self.clock.elapsed
         self.controller = Controller(
             balancer=self.balancer,
             train_engine=spec.train_engine,
@@ -238,9 +274,13 @@ class FullyAsyncRun:
             probation_max_s=spec.probation_max_s,
             max_probes=spec.max_probes,
         )
-        """Carries out activation, deactivation, rebalance and weight loading of the replicas."""
         self.guard = DecisionGuard(self.policy, timeout_s=spec.policy_timeout_s, now=now)
-        """Asks the policy in a worker thread, with timeout, answer check, fallback and clamps."""
+
+    def _wire_trainer(self) -> None:
+        """The step tracker and the trainer loop that drives the cycles over every other part."""
+        spec, now = self.spec, self.clock.elapsed
+        cfg = spec.config
+        at = cfg.async_training
         self.tracker = RunTracker(
             required_samples=cfg.required_samples,
             trigger_parameter_sync_step=at.trigger_parameter_sync_step,
@@ -255,7 +295,6 @@ class FullyAsyncRun:
             standalone=spec.standalone,
             hybrid=spec.hybrid,
         )
-        """Step bookkeeping; builds each decision's ScheduleContext."""
         wiring = LoopWiring(
             train_engine=spec.train_engine,
             standalone=spec.standalone,
@@ -276,14 +315,6 @@ class FullyAsyncRun:
             hybrid_gpus=spec.hybrid_gpus if spec.hybrid_gpus is not None else cfg.trainer.n_gpus,
             standalone_gpus=spec.standalone_gpus if spec.standalone_gpus is not None else cfg.rollout.n_gpus,
         )
-        """Drives the sync cycles: policy calls, collections, train steps, weight syncs."""
-        self.balancer.add_replicas(spec.standalone)
-        self.switch_calibration: SwitchCalibration | None = None
-        """What the switch calibration measured; None when it did not run."""
-        self.interrupted_report: RunReport | None = None
-        """The report of a run that was cancelled (Ctrl-C of ``dynres run``): what it had when it
-        stopped, built after its teardown, with a checkpoint when one could be written; else None."""
-        self._started = False
 
     # ---- Running ------------------------------------------------------------------------------
 

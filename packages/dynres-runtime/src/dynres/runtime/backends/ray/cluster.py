@@ -98,6 +98,30 @@ def _scaled(resources: Mapping[str, float], share: float) -> dict[str, Any]:
     }
 
 
+def _pool_slots(cfg: RayClusterConfig) -> tuple[dict[str, float], dict[str, float]]:
+    """The slot of a trainer bundle and of a rollout bundle (``slot`` where no pool slot is set)."""
+    return cfg.trainer_slot or cfg.slot, cfg.standalone_slot or cfg.slot
+
+
+def _bundle(pgs: list[Any], per_node: int, slot_index: int) -> Any:
+    """The scheduling strategy of pool slot ``slot_index``: its node's group, its bundle there."""
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    return PlacementGroupSchedulingStrategy(
+        placement_group=pgs[slot_index // per_node],
+        placement_group_bundle_index=slot_index % per_node,
+        placement_group_capture_child_tasks=True,
+    )
+
+
+def _actor_options(slot: Mapping[str, float], share: float, strategy: Any, name: str) -> dict[str, Any]:
+    """Ray actor options: ``share`` of ``slot`` on the bundle of ``strategy``, named ``name``."""
+    opts = {k: v for k, v in _scaled(slot, share).items() if v not in (None, {})}
+    # No restarts: a replica that dies comes back empty and with stale weights, so the run
+    # treats it as lost instead of silently routing to it again.
+    return {**opts, "scheduling_strategy": strategy, "max_restarts": 0, "name": name, "max_concurrency": 10_000}
+
+
 @dataclass
 class RaySystem:
     """Everything a run placed on Ray: the proxies plus the handles needed to tear it down."""
@@ -191,16 +215,20 @@ class RayCluster:
         ``kind``); ``trainer`` builds the train engine. Raises BackendTimeoutError naming what
         is missing when the cluster cannot host the placement in ``placement_timeout_s``.
         """
+        t0 = time.perf_counter()
+        trainer_pgs, rollout_pgs = await self._place(dyn)
+        self._create_actors(dyn, trainer_pgs, rollout_pgs, standalone=standalone, hybrid=hybrid, trainer=trainer)
+        await self._start_engines()
+        self.system.start_s = time.perf_counter() - t0
+        return self.system
+
+    async def _place(self, dyn: DynresConfig) -> tuple[list[Any], list[Any]]:
+        """One ready STRICT_PACK placement group per trainer node and per rollout node (in that order)."""
         ray = require_ray()
         from ray.util.placement_group import placement_group
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         cfg = self.config
-        t0 = time.perf_counter()
-        tp = dyn.actor_rollout_ref.rollout.tensor_model_parallel_size
-        trainer_slot = cfg.trainer_slot or cfg.slot
-        rollout_slot = cfg.standalone_slot or cfg.slot
-        sys_ = self.system
+        trainer_slot, rollout_slot = _pool_slots(cfg)
 
         def groups(nnodes: int, per_node: int, slot: Mapping[str, float], pool: str) -> list[Any]:
             out = []
@@ -208,7 +236,7 @@ class RayCluster:
                 pg = placement_group(
                     [dict(slot) for _ in range(per_node)], strategy="STRICT_PACK", name=f"dynres-{pool}-{i}"
                 )
-                sys_.placement_groups.append(pg)
+                self.system.placement_groups.append(pg)
                 out.append(pg)
             return out
 
@@ -216,7 +244,7 @@ class RayCluster:
         rollout_pgs = groups(dyn.rollout.nnodes, dyn.rollout.n_gpus_per_node, rollout_slot, "rollout")
         try:
             await asyncio.wait_for(
-                asyncio.gather(*(pg.ready() for pg in sys_.placement_groups)), cfg.placement_timeout_s
+                asyncio.gather(*(pg.ready() for pg in self.system.placement_groups)), cfg.placement_timeout_s
             )
         except TimeoutError:
             avail = ray.available_resources()
@@ -227,63 +255,72 @@ class RayCluster:
                 f"{dyn.rollout.n_gpus_per_node} slot(s) of {rollout_slot}, but the cluster has "
                 f"{avail} free; lower the slot resources or add nodes"
             ) from None
+        return trainer_pgs, rollout_pgs
 
-        def strategy(pgs: list[Any], per_node: int, slot_index: int) -> Any:
-            return PlacementGroupSchedulingStrategy(
-                placement_group=pgs[slot_index // per_node],
-                placement_group_bundle_index=slot_index % per_node,
-                placement_group_capture_child_tasks=True,
-            )
+    def _create_actors(
+        self,
+        dyn: DynresConfig,
+        trainer_pgs: list[Any],
+        rollout_pgs: list[Any],
+        *,
+        standalone: Factory | None,
+        hybrid: Factory | None,
+        trainer: Factory,
+    ) -> None:
+        """The trainer and replica actors on their bundles, as proxies in :attr:`system`.
 
-        def options(slot: Mapping[str, float], share: float, strat: Any, name: str) -> dict[str, Any]:
-            opts = {k: v for k, v in _scaled(slot, share).items() if v not in (None, {})}
-            # No restarts: a replica that dies comes back empty and with stale weights, so the
-            # run treats it as lost instead of silently routing to it again.
-            return {**opts, "scheduling_strategy": strat, "max_restarts": 0, "name": name, "max_concurrency": 10_000}
-
-        share = cfg.trainer_share
-        lag = cfg.lag_interval_s
+        The train engine takes ``trainer_share`` of the first trainer bundle; hybrid replica ``h``
+        the rest of the trainer bundle at slot ``h * tp``; standalone replica ``s`` the whole
+        rollout bundle at slot ``s * tp``. The actors build their engines on ``start``.
+        """
+        cfg = self.config
+        tp = dyn.actor_rollout_ref.rollout.tensor_model_parallel_size
+        trainer_slot, rollout_slot = _pool_slots(cfg)
+        per_trainer_node, per_rollout_node = dyn.trainer.n_gpus_per_node, dyn.rollout.n_gpus_per_node
+        share, lag = cfg.trainer_share, cfg.lag_interval_s
+        bundle = _bundle(trainer_pgs, per_trainer_node, 0)
         trainer_actor = (
             remote_class(TrainEngineActor)
-            .options(
-                **options(trainer_slot, share, strategy(trainer_pgs, dyn.trainer.n_gpus_per_node, 0), "dynres-trainer")
-            )
+            .options(**_actor_options(trainer_slot, share, bundle, "dynres-trainer"))
             .remote(trainer, lag)
         )
         standalone_actors = []
         if standalone is not None:
             for s in range(dyn.num_standalone_replicas):
                 rid = f"standalone-{s}"
-                strat = strategy(rollout_pgs, dyn.rollout.n_gpus_per_node, s * tp)
-                handle = remote_class(ReplicaActor).options(**options(rollout_slot, 1.0, strat, f"dynres-{rid}"))
+                bundle = _bundle(rollout_pgs, per_rollout_node, s * tp)
+                handle = remote_class(ReplicaActor).options(
+                    **_actor_options(rollout_slot, 1.0, bundle, f"dynres-{rid}")
+                )
                 standalone_actors.append((rid, handle.remote(rid, ReplicaKind.STANDALONE.value, standalone, lag)))
         hybrid_actors = []
         if hybrid is not None:
             for h in range(dyn.num_hybrid_replicas):
                 rid = f"hybrid-{h}"
-                strat = strategy(trainer_pgs, dyn.trainer.n_gpus_per_node, h * tp)
+                bundle = _bundle(trainer_pgs, per_trainer_node, h * tp)
                 handle = remote_class(ReplicaActor).options(
-                    **options(trainer_slot, 1.0 - share, strat, f"dynres-{rid}")
+                    **_actor_options(trainer_slot, 1.0 - share, bundle, f"dynres-{rid}")
                 )
                 hybrid_actors.append((rid, handle.remote(rid, ReplicaKind.HYBRID.value, hybrid, lag)))
+        self.system.trainer = RayTrainEngine(trainer_actor)
+        self.system.standalone = [RayReplica(rid, ReplicaKind.STANDALONE, h) for rid, h in standalone_actors]
+        self.system.hybrid = [RayReplica(rid, ReplicaKind.HYBRID, h) for rid, h in hybrid_actors]
 
-        sys_.trainer = RayTrainEngine(trainer_actor)
-        sys_.standalone = [RayReplica(rid, ReplicaKind.STANDALONE, h) for rid, h in standalone_actors]
-        sys_.hybrid = [RayReplica(rid, ReplicaKind.HYBRID, h) for rid, h in hybrid_actors]
+    async def _start_engines(self) -> None:
+        """Build every engine in its actor concurrently; keep each actor's info on its proxy."""
+        sys_ = self.system
         proxies: list[Any] = [sys_.trainer, *sys_.standalone, *sys_.hybrid]
         try:
             infos: list[ActorInfo] = await asyncio.wait_for(
-                asyncio.gather(*(p._call("start") for p in proxies)), cfg.start_timeout_s
+                asyncio.gather(*(p._call("start") for p in proxies)), self.config.start_timeout_s
             )
         except TimeoutError:
             raise BackendTimeoutError(
-                f"engines not started after cluster.start_timeout_s={cfg.start_timeout_s:.0f}s; "
+                f"engines not started after ray.start_timeout_s={self.config.start_timeout_s:.0f}s; "
                 "raise it or check the actor logs (ray.log_to_driver: true)"
             ) from None
         for proxy, info in zip(proxies, infos, strict=True):
             proxy._info = info
-        sys_.start_s = time.perf_counter() - t0
-        return sys_
 
     def spawn(self, cls: type, *args: Any, node_id: str | None = None, **options: Any) -> Any:
         """Start an extra actor of ``cls`` (e.g. the coordinator), pinned to ``node_id`` when given.
