@@ -27,12 +27,11 @@ keep their weights in a processed (repacked) form and the original parameters re
 zeros, so writing tensors into parameters directly changes nothing; ``reload_weights`` re-runs
 the post-load processing. Why not the built-in ``collective_rpc("reload_weights",
 weights_path=dir)``: it works too, but it repoints the engine's ``model_config.model`` at the
-temporary directory and was a little slower. Why files in ``/dev/shm`` and not tensors over the
-RPC: ``collective_rpc`` arguments cross two process hops (client -> engine core -> worker) and
-torch tensors do not survive that serialisation; raw bytes do, but were 3-6x slower than a
-RAM-backed file that the worker memory-maps. Measured on 2 CPU cores, 176 MB float32 model:
-extension + files 0.07 s write + 0.21-0.57 s load; built-in ``weights_path`` 0.07-0.5 s write +
-0.28-0.66 s load; bytes over RPC 1.6-3.2 s.
+temporary directory and was a little slower. Why files in ``/dev/shm`` and not tensors over the RPC:
+``collective_rpc`` arguments cross two process hops (client -> engine core -> worker) and torch
+tensors do not survive that serialisation; raw bytes do, but were several times slower than a
+RAM-backed file that the worker memory-maps. docs/real-runs.md ("How weights reach a vLLM replica") has
+the timings of the three ways.
 
 Log-probs are vLLM's default ``logprobs_mode`` (raw log-softmax, before temperature); pass
 ``engine_kwargs={"logprobs_mode": "processed_logprobs"}`` for the sampling distribution.
@@ -196,9 +195,9 @@ class _Running:
 class VllmReplica:
     """A :class:`Replica` backed by one vLLM v1 ``AsyncLLM`` engine (one process group per replica).
 
-    Build it with ``await VllmReplica.create(...)`` (engine start runs in a thread, ~15 s on CPU
-    for a tiny model). On CPU, ``sleep``/``wake_up`` pause and resume the engine but free no
-    memory: vLLM's CPU worker ignores sleep mode.
+    Build it with ``await VllmReplica.create(...)`` (the engine starts in a thread: it takes
+    seconds even for a tiny model, see backend.json's start times). On CPU, ``sleep``/``wake_up``
+    pause and resume the engine but free no memory: vLLM's CPU worker ignores sleep mode.
     """
 
     def __init__(self, replica_id: str, kind: ReplicaKind, config: VllmReplicaConfig, engine: Any) -> None:

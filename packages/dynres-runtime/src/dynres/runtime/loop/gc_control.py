@@ -2,9 +2,10 @@
 
 CPython's cyclic collector stops the whole interpreter while it runs. A full (oldest-generation)
 collection scans every tracked object: the modules, models and clients built at start-up, and
-~15 objects per request in flight (task, coroutine, request, result, futures). At 100,000
-requests in flight that is a pause of hundreds of milliseconds on the coordinator's one event
-loop, far above the 10 ms lag a deactivation may add. Two steps keep those pauses away:
+more than a dozen objects per request in flight (task, coroutine, request, result, futures). At
+100,000 requests in flight that is a pause of hundreds of milliseconds on the coordinator's one
+event loop, far above the 10 ms lag target of a deactivation (docs/scaling.md). Two steps keep
+those pauses away:
 
 1. **Start-up** (:func:`run_gc_control`, entered by ``FullyAsyncRun.run``, so by ``dynres run``,
    ``dynres simulate`` and any program that runs the loop): one collection, then ``gc.freeze()``
@@ -23,12 +24,11 @@ loop, far above the 10 ms lag a deactivation may add. Two steps keep those pause
    *exceeds* its threshold, so ``_MIDDLE_EVERY = 1`` means every second). A middle collection
    scans everything allocated since the last one, and with millions of long-lived objects
    around each scanned object costs a cache miss or two: eleven young collections' worth
-   (~7,000 objects) is a pause of several milliseconds on a busy core. During a transition
-   nearly everything allocated survives (it is the state of requests in flight), and smaller,
-   more frequent collections cut the pause without costing more in total (measured in
-   scale_bench at 16 + 16 replicas, 100,000 in flight: the longest collection 3.4 ms with 700
-   and every third, 1.8 ms with these; 0.49 s vs 0.27 s of collections over both phases). The
-   collector's own thresholds come back, and it catches up, after.
+   (thousands of objects) is a pause of milliseconds on a busy core. During a transition nearly
+   everything allocated survives (it is the state of requests in flight), and smaller, more
+   frequent collections cut the pause without costing more in total (docs/scaling.md, "The
+   runtime's garbage-collector step", has the measured pauses and the command). The collector's
+   own thresholds come back, and it catches up, after.
 
 Objects freed by reference counting (nearly all of them) are freed at once either way; only
 garbage in reference cycles waits for a collection.

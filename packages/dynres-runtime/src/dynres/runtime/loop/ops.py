@@ -8,8 +8,9 @@ recorded as an :class:`OpFailure` naming the target, and never raised, so the ca
 on with the targets that worked.
 
 ``many`` starts at most ``fanout`` calls per event-loop iteration: starting a call runs its
-first step (a remote call's submission, a task), and 512 of them in one iteration held the
-coordinator's loop for 5-7 ms. The timeout is an ``asyncio.timeout`` block, not ``wait_for``,
+first step (a remote call's submission, a task), and hundreds of them in one iteration hold the
+coordinator's loop for milliseconds (docs/scaling.md, "A model of the coordinator's CPU per sync
+cycle", has the measurement). The timeout is an ``asyncio.timeout`` block, not ``wait_for``,
 which (before Python 3.12) wraps every call in one more task, so each call's start and end
 would cost two task steps instead of one.
 """
