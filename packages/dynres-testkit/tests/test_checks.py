@@ -9,6 +9,7 @@ import warnings
 import pytest
 
 from dynres.core.errors import ConfigError, DynresError, PolicyNotFoundError, PolicyValidationError
+from dynres.core.loading import clear_policy_cache
 from dynres.policies.default import DefaultPolicy
 from dynres.policies.fixed_ratio import FixedRatioPolicy
 from dynres.testkit import broken_policies as broken
@@ -17,18 +18,38 @@ from dynres.testkit.checks import (
     PolicyCheckFailure,
     PolicyCheckWarning,
     all_checks,
+    all_policies,
     check_policy,
     parametrize_with_checks,
     policy_label,
     yield_policy_checks,
 )
 
-BUILTINS = ["default", "fixed_ratio", "static_fully_async"]
 
-
-@parametrize_with_checks(BUILTINS)
-def test_builtin_policies_pass_every_check(policy, check):
+# Every policy the dynres.policies entry points register, built-ins and any installed third-party
+# distribution alike, so none can be left out of the suite by hand.
+@parametrize_with_checks(all_policies())
+def test_installed_policies_pass_every_check(policy, check):
     check(policy)
+
+
+def test_all_policies_lists_the_entry_points(tmp_path, monkeypatch):
+    names = all_policies()
+    assert names == sorted(set(names))
+    assert {"default", "fixed_ratio", "predictive", "static_fully_async"} <= set(names)
+    # A distribution installed later is listed as well, with nothing registered by hand.
+    dist = tmp_path / "late_policy-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: late-policy\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[dynres.policies]\nlate = dynres.testkit.broken_policies:_Sound\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    clear_policy_cache()
+    try:
+        assert all_policies() == sorted([*names, "late"])
+    finally:
+        monkeypatch.undo()
+        clear_policy_cache()
+    assert all_policies() == names
 
 
 # ---- Every check can fail -------------------------------------------------------------------------
@@ -79,6 +100,7 @@ ONLY_FAILS = {
     broken.StepStampingPolicy: {"check_decisions_do_not_change_state"},
     broken.ForgetfulPolicy: {"check_state_dict_json_round_trip"},
     broken.DequeStatePolicy: {"check_state_dict_json_round_trip"},
+    broken.ClampedBacklogPolicy: {"check_state_dict_json_round_trip"},
     broken.QueueFloorPolicy: {"check_only_hybrid_never_deadlocks"},
     broken.LambdaAttributePolicy: {"check_picklable"},
     broken.SlowPolicy: {"check_decision_latency"},

@@ -105,3 +105,38 @@ def test_end_to_end_checks_show_as_skips_for_a_refused_class(pytester: pytest.Py
     result = pytester.runpytest("--dynres-policy", f"{BROKEN}:MisnamedPolicy", "-rs")
     result.assert_outcomes(failed=1, passed=13, skipped=3)
     result.stdout.fnmatch_lines(["*fails check_policy_api; fix that first*"])
+
+
+COUNTING_POLICY = """
+from pathlib import Path
+from dynres.testkit.broken_policies import _Sound
+
+class Counting(_Sound):
+    name = "counting"
+
+    def __init__(self, params=None):
+        super().__init__(params)
+        with Path(__file__).with_name("built.txt").open("a") as log:
+            log.write("x")
+"""
+
+
+@pytest.mark.parametrize("examples", [2, 30])
+def test_examples_option_sets_the_budget_of_each_property_check(pytester: pytest.Pytester, examples: int) -> None:
+    # check_decision_types builds one policy per run: the edge runs, then the generated ones.
+    from dynres.testkit.strategies import edge_runs
+
+    pytester.makepyfile(counting_policy=COUNTING_POLICY)
+    pytester.syspathinsert()
+    result = pytester.runpytest(
+        "--dynres-policy", "counting_policy:Counting", "--dynres-examples", str(examples), "-k", "decision_types"
+    )
+    result.assert_outcomes(passed=1)
+    runs = len((pytester.path / "built.txt").read_text())
+    assert runs - len(edge_runs()) == examples
+
+
+def test_examples_option_rejects_a_count_below_one(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest("--dynres-policy", "default", "--dynres-examples", "0")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--dynres-examples: expected a whole number of at least 1, not '0'*"])

@@ -338,6 +338,40 @@ class DequeStatePolicy(_Sound):
         self.recent = deque(state["recent"], maxlen=3)
 
 
+class ClampedBacklogPolicy(_Sound):
+    """Breaks check_state_dict_json_round_trip: a float estimate clamped to an int bound is saved as
+    an int and loaded as a float, so the restored state differs from the saved one.
+
+    The estimate moves only while the trainer keeps waiting, and reaches its bound only after
+    several such cycles: generated runs seldom get there, the check's starved edge run does.
+    """
+
+    name = "clamped_backlog"
+
+    def __init__(self, params: Mapping[str, Any] | None = None) -> None:
+        """Start with no backlog."""
+        super().__init__(params)
+        self.backlog = 0.0
+
+    def should_activate_after_step(self, ctx: ScheduleContext) -> bool:
+        """Activate when nothing else generates or when production lags by more than the backlog."""
+        return ctx.only_hybrid or ctx.surplus_samples < -self.backlog
+
+    def update_after_step(self, ctx: ScheduleContext) -> None:
+        """Add half the samples the collections waited for, at most a cycle's samples (the bug:
+        ``min`` returns the int bound itself once the backlog reaches it)."""
+        waited = 0.5 * sum(ctx.step_wait_samples)
+        self.backlog = min(ctx.step_required_samples, self.backlog + waited) if waited else 0.0
+
+    def state_dict(self) -> dict[str, Any]:
+        """The backlog as it is."""
+        return {"backlog": self.backlog}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore the backlog as a float."""
+        self.backlog = float(state["backlog"])
+
+
 class QueueFloorPolicy(Policy):
     """Breaks check_only_hybrid_never_deadlocks: the QueueFloor sketch without its only-hybrid guard.
 
@@ -500,6 +534,7 @@ BROKEN_POLICIES: dict[str, list[tuple[Any, str]]] = {
     "check_state_dict_json_round_trip": [
         (ForgetfulPolicy, "on a fresh instance restored from its state_dict"),
         (DequeStatePolicy, "is not JSON-serialisable"),
+        (ClampedBacklogPolicy, "(state.backlog: 16 -> 16.0, saved -> restored)"),
     ],
     "check_only_hybrid_never_deadlocks": [
         (QueueFloorPolicy, "should_activate_after_step returned False in an only-hybrid")

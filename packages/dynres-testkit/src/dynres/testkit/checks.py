@@ -61,6 +61,8 @@ __all__ = [
     "PolicyCheckFailure",
     "PolicyCheckWarning",
     "all_checks",
+    "all_policies",
+    "budget_kwargs",
     "check_constructible_with_defaults",
     "check_context_not_mutated",
     "check_decision_latency",
@@ -94,7 +96,8 @@ LATENCY_MAX_S = 50e-3
 """Budget for the slowest decision call (seconds)."""
 
 EXAMPLES = 40
-"""Generated context sequences per property check (each holds 1-8 contexts)."""
+"""Generated context sequences per property check, after the edge runs (each holds 1-8 contexts;
+``max_examples`` of a check, ``--dynres-examples`` of the pytest plugin)."""
 
 UNKNOWN_PARAM = "dynres_check_no_such_param"
 """The key check_params_reject_unknown_keys adds to a policy's params."""
@@ -294,18 +297,29 @@ def _shrink_limit(limit: int) -> Iterator[None]:
         engine.MAX_SHRINKS = old
 
 
-def _for_all(strategy: Any, body: Callable[[Any], None], *, max_examples: int, shrink: bool = True) -> None:
+def _for_all(
+    strategy: Any,
+    body: Callable[[Any], None],
+    *,
+    max_examples: int,
+    shrink: bool = True,
+    examples: Sequence[Any] = (),
+) -> None:
     """Run ``body`` on examples of ``strategy`` with reproducible, side-effect-free settings.
 
     The example database is off and generation is derandomized, so the same policy gets the
     same verdict and the same reported context on every run and machine. A failure is shrunk
     (fewer cycles, smaller numbers), at most ``MAX_SHRINKS`` times, before it is reported, so the
     context in the message is a small one to paste into a test and a failing check ends in seconds.
+    ``examples`` run first, whatever ``max_examples`` is (hypothesis explicit examples, not shrunk).
     """
-    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import HealthCheck, Phase, example, given, settings
     from hypothesis.errors import Flaky
 
     phases = [Phase.explicit, Phase.generate] + ([Phase.shrink] if shrink else [])
+    test = given(strategy)(body)
+    for value in reversed(examples):  # hypothesis runs the last one applied first
+        test = example(value)(test)
     runner = settings(
         max_examples=max_examples,
         deadline=None,
@@ -315,7 +329,7 @@ def _for_all(strategy: Any, body: Callable[[Any], None], *, max_examples: int, s
         report_multiple_bugs=False,
         print_blob=False,
         suppress_health_check=list(HealthCheck),
-    )(given(strategy)(body))
+    )(test)
     try:
         with _shrink_limit(MAX_SHRINKS):
             runner()
@@ -344,6 +358,23 @@ def _sequences(min_size: int = 1, only_hybrid: bool | None = None) -> Any:
     from dynres.testkit.strategies import context_sequences
 
     return context_sequences(min_size=min_size, max_size=8, only_hybrid=only_hybrid)
+
+
+def _for_all_runs(
+    body: Callable[[list[ScheduleContext]], None],
+    *,
+    max_examples: int,
+    min_size: int = 1,
+    only_hybrid: bool | None = None,
+    shrink: bool = True,
+) -> None:
+    """Run ``body`` on the edge runs (:func:`dynres.testkit.strategies.edge_runs`), then on
+    ``max_examples`` generated runs of ``min_size`` to 8 consecutive cycles."""
+    from dynres.testkit.strategies import edge_runs
+
+    # Built anew for every check: a policy that mutates its contexts must not reach the next check.
+    edges = [run for run in edge_runs(only_hybrid=only_hybrid) if len(run) >= min_size]
+    _for_all(_sequences(min_size, only_hybrid), body, max_examples=max_examples, shrink=shrink, examples=edges)
 
 
 def _sorted_json(value: Any) -> str:
@@ -437,7 +468,7 @@ def check_decision_types(policy: PolicySpec, *, max_examples: int = EXAMPLES) ->
                         f"expected {spec.kind} ({spec.hint}). Context: {_show(ctx)}",
                     )
 
-    _for_all(_sequences(), body, max_examples=max_examples)
+    _for_all_runs(body, max_examples=max_examples)
 
 
 def check_wait_bounds(policy: PolicySpec, *, max_examples: int = EXAMPLES) -> None:
@@ -470,7 +501,7 @@ def check_wait_bounds(policy: PolicySpec, *, max_examples: int = EXAMPLES) -> No
             for method in ("should_activate_after_step", "update_after_step"):
                 _call(subject, name, pol, method, ctx)
 
-    _for_all(_sequences(), body, max_examples=max_examples)
+    _for_all_runs(body, max_examples=max_examples)
 
 
 def check_deterministic(policy: PolicySpec, *, max_examples: int = EXAMPLES) -> None:
@@ -507,7 +538,7 @@ def check_deterministic(policy: PolicySpec, *, max_examples: int = EXAMPLES) -> 
 
     # Record-then-raise instead of raising inside hypothesis: a random policy would not fail the
     # same way on replay, and the first disagreement is already the clearest report.
-    _for_all(_sequences(), body, max_examples=max_examples, shrink=False)
+    _for_all_runs(body, max_examples=max_examples, shrink=False)
     if found:
         raise found[0]
 
@@ -538,7 +569,7 @@ def check_context_not_mutated(policy: PolicySpec, *, max_examples: int = EXAMPLE
                         f"{_show(ScheduleContext.model_construct(**before))}",
                     )
 
-    _for_all(_sequences(), body, max_examples=max_examples)
+    _for_all_runs(body, max_examples=max_examples)
 
 
 # ---- Reads of clocks and global random generators --------------------------------------------
@@ -658,7 +689,7 @@ def _check_reads(policy: PolicySpec, name: str, kind: str, why: str, max_example
                 if hits:
                     raise subject.fail(name, f"{method} called {', '.join(hits)}; {why}. Context: {_show(ctx)}")
 
-    _for_all(_sequences(), body, max_examples=max_examples)
+    _for_all_runs(body, max_examples=max_examples)
 
 
 def check_no_clock_reads(policy: PolicySpec, *, max_examples: int = EXAMPLES) -> None:
@@ -760,52 +791,73 @@ def check_decisions_do_not_change_state(policy: PolicySpec, *, max_examples: int
                         f"in update_after_step, which runs exactly once per cycle. Context: {_show(ctx)}",
                     )
 
-    _for_all(_sequences(), body, max_examples=max_examples)
+    _for_all_runs(body, max_examples=max_examples)
+
+
+def _restore_from_json(
+    subject: _Subject, check: str, policy: Policy, cycles: int, ctx: ScheduleContext
+) -> tuple[Policy, str]:
+    """A fresh instance loaded from ``policy.state_dict()`` through JSON after ``cycles`` cycles
+    (the latest on ``ctx``), and that JSON text.
+
+    The restored ``state_dict()`` must be what was saved, type included: a float field that
+    holds an int (a clamp to an integer bound, say) comes back as a float, and a policy that
+    decides on it, saves it again or compares it would then act on a different state.
+    """
+    try:
+        state = policy.state_dict()
+    except Exception as exc:
+        raise subject.fail(check, f"state_dict() raised {_exc(exc)}") from exc
+    if not isinstance(state, Mapping):
+        raise subject.fail(check, f"state_dict() returned {type(state).__name__}; expected a dict of JSON data")
+    try:
+        text = json.dumps(state, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise subject.fail(
+            check,
+            f"state_dict() after {cycles} cycles is not JSON-serialisable ({_exc(exc)}); "
+            f"state was {state!r}; convert deques/sets/tuples to lists and numpy numbers to "
+            "float/int, and keep numbers finite",
+        ) from None
+    restored = subject.cls(policy.params)
+    try:
+        restored.load_state_dict(json.loads(text))
+    except Exception as exc:
+        raise subject.fail(
+            check,
+            f"load_state_dict(json.loads(json.dumps(state_dict()))) raised {_exc(exc)} "
+            f"on a fresh instance; state was {text}",
+        ) from exc
+    try:
+        again = _sorted_json(restored.state_dict())
+    except (TypeError, ValueError) as exc:
+        raise subject.fail(check, f"state_dict() of the restored policy raised {_exc(exc)}") from None
+    if again != _sorted_json(json.loads(text)):
+        diff = _state_diff(json.loads(text), json.loads(again), "state") or "the JSON text differs"
+        raise subject.fail(
+            check,
+            f"after {cycles} cycles the state did not come back exactly through JSON and load_state_dict "
+            f"({diff}, saved -> restored); a restored policy must hold the same state, type included: "
+            "an int saved where the policy loads a float comes back as a float, so give the field "
+            f"the same type on every path that sets it. Saved: {text}. Context of that cycle: {_show(ctx)}",
+        )
+    return restored, text
 
 
 def check_state_dict_json_round_trip(policy: PolicySpec, *, max_examples: int = EXAMPLES) -> None:
-    """``state_dict`` survives JSON and ``load_state_dict`` on a fresh instance; later answers match."""
+    """``state_dict`` survives JSON and ``load_state_dict`` on a fresh instance exactly, after every
+    cycle; a policy restored halfway through a run then answers like the original."""
     name = "check_state_dict_json_round_trip"
     subject = _subject(policy)
 
     def body(contexts: list[ScheduleContext]) -> None:
         split = max(1, len(contexts) // 2)
         pol = subject.fresh(name)
-        for ctx in contexts[:split]:
+        # Every cycle's state is round-tripped, not only the one restored from: a state that
+        # breaks only at a boundary (a clamp, a cap) is then found in whichever cycle reaches it.
+        for index, ctx in enumerate(contexts[:split]):
             _cycle(subject, name, pol, ctx)
-        try:
-            state = pol.state_dict()
-        except Exception as exc:
-            raise subject.fail(name, f"state_dict() raised {_exc(exc)}") from exc
-        if not isinstance(state, Mapping):
-            raise subject.fail(name, f"state_dict() returned {type(state).__name__}; expected a dict of JSON data")
-        try:
-            text = json.dumps(state, allow_nan=False)
-        except (TypeError, ValueError) as exc:
-            raise subject.fail(
-                name,
-                f"state_dict() after {split} cycles is not JSON-serialisable ({_exc(exc)}); "
-                f"state was {state!r}; convert deques/sets/tuples to lists and numpy numbers to "
-                "float/int, and keep numbers finite",
-            ) from None
-        restored = subject.cls(pol.params)
-        try:
-            restored.load_state_dict(json.loads(text))
-        except Exception as exc:
-            raise subject.fail(
-                name,
-                f"load_state_dict(json.loads(json.dumps(state_dict()))) raised {_exc(exc)} "
-                f"on a fresh instance; state was {text}",
-            ) from exc
-        try:
-            again = _sorted_json(restored.state_dict())
-        except (TypeError, ValueError) as exc:
-            raise subject.fail(name, f"state_dict() of the restored policy raised {_exc(exc)}") from None
-        if again != _sorted_json(json.loads(text)):
-            raise subject.fail(
-                name,
-                f"after load_state_dict the restored policy's state_dict() is {again}; expected what was saved, {text}",
-            )
+            restored, text = _restore_from_json(subject, name, pol, index + 1, ctx)
         for index, ctx in enumerate(contexts[split:]):
             diff = _first_difference(_cycle(subject, name, pol, ctx), _cycle(subject, name, restored, ctx))
             if diff:
@@ -817,8 +869,9 @@ def check_state_dict_json_round_trip(policy: PolicySpec, *, max_examples: int = 
                     "save; state_dict must hold everything the decisions depend on. Context: "
                     f"{_show(ctx)}",
                 )
+            _restore_from_json(subject, name, pol, split + index + 1, ctx)
 
-    _for_all(_sequences(min_size=2), body, max_examples=max_examples)
+    _for_all_runs(body, max_examples=max_examples, min_size=2)
 
 
 def check_only_hybrid_never_deadlocks(policy: PolicySpec, *, max_examples: int = EXAMPLES) -> None:
@@ -848,7 +901,7 @@ def check_only_hybrid_never_deadlocks(policy: PolicySpec, *, max_examples: int =
                 )
             _cycle(subject, name, pol, ctx)
 
-    _for_all(_sequences(only_hybrid=True), body, max_examples=max_examples)
+    _for_all_runs(body, max_examples=max_examples, only_hybrid=True)
 
 
 def check_picklable(policy: PolicySpec, *, max_examples: int = EXAMPLES // 2) -> None:
@@ -880,7 +933,7 @@ def check_picklable(policy: PolicySpec, *, max_examples: int = EXAMPLES // 2) ->
                     f"decisions depend on. Context: {_show(ctx)}",
                 )
 
-    _for_all(_sequences(min_size=2), body, max_examples=max_examples)
+    _for_all_runs(body, max_examples=max_examples, min_size=2)
 
 
 def check_decision_latency(
@@ -1163,6 +1216,26 @@ def all_checks(*, end_to_end: bool = True) -> tuple[Callable[..., None], ...]:
     return _UNIT_CHECKS + (END_TO_END_CHECKS if end_to_end else ())
 
 
+def budget_kwargs(check: Callable[..., None], max_examples: int | None) -> dict[str, Any]:
+    """``{"max_examples": max_examples}`` for a property check, ``{}`` for a check without a budget
+    or when ``max_examples`` is None (the check's own default then applies)."""
+    if max_examples is None or "max_examples" not in inspect.signature(check).parameters:
+        return {}
+    return {"max_examples": max_examples}
+
+
+def all_policies() -> list[str]:
+    """The names of every policy registered in the ``dynres.policies`` entry-point group, sorted.
+
+    The built-ins register there the way a third-party distribution does, so a suite over this
+    list (``parametrize_with_checks(all_policies())``) covers every installed policy, one added
+    later included, with no list to keep up by hand.
+    """
+    from dynres.core.loading import installed_policies
+
+    return list(installed_policies())
+
+
 def yield_policy_checks(policy: PolicySpec, *, end_to_end: bool = True) -> Iterator[Callable[..., None]]:
     """Yield the checks that apply to ``policy``, each a function taking the policy.
 
@@ -1213,11 +1286,8 @@ def check_policy(
         start = time.perf_counter()
         status: Literal["passed", "failed", "xfail", "xpass", "skipped"]
         message = ""
-        kwargs: dict[str, Any] = {}
-        if max_examples is not None and "max_examples" in inspect.signature(check).parameters:
-            kwargs["max_examples"] = max_examples
         try:
-            check(policy, **kwargs)
+            check(policy, **budget_kwargs(check, max_examples))
             status = "xpass" if check.__name__ in expected else "passed"
         except CheckSkipped as exc:
             status, message = "skipped", str(exc)

@@ -3,7 +3,8 @@
 * ``pytest --dynres-policy NAME_OR_PATH`` (repeatable) runs the conformance suite against an
   installed policy (registered name or ``module:Class``). Without test paths on the command line
   only the checks run, so no test file is needed; with paths, the checks run next to those tests.
-  Test ids read ``check_name[policy]``. ``--dynres-no-e2e`` leaves out the simulator checks.
+  Test ids read ``check_name[policy]``. ``--dynres-no-e2e`` leaves out the simulator checks;
+  ``--dynres-examples N`` sets how many generated runs each property check tries.
 * Fixtures for policy authors: ``schedule_context``, ``context_strategy``, ``fake_replica``,
   ``fake_train_engine``, ``plugin_manager``.
 
@@ -14,6 +15,7 @@ used.
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +30,7 @@ _SUITE_ID = "dynres-conformance"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    """Add ``--dynres-policy`` and ``--dynres-no-e2e``."""
+    """Add ``--dynres-policy``, ``--dynres-no-e2e`` and ``--dynres-examples``."""
     group = parser.getgroup("dynres", "dynres policy conformance suite")
     group.addoption(
         "--dynres-policy",
@@ -44,6 +46,25 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=False,
         help="leave out the end-to-end checks that run the dynres simulator",
     )
+    group.addoption(
+        "--dynres-examples",
+        type=_examples,
+        default=None,
+        metavar="N",
+        help="generated runs each property check of --dynres-policy tries, after the testkit's edge "
+        "runs (default: dynres.testkit.checks.EXAMPLES); raise it to search further for a rare failure",
+    )
+
+
+def _examples(text: str) -> int:
+    # argparse prints an ArgumentTypeError's message as the option's error.
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, not {text!r}")
+    return value
 
 
 def _policies(config: pytest.Config) -> list[str]:
@@ -64,15 +85,20 @@ def pytest_ignore_collect(collection_path: Any, config: pytest.Config) -> bool |
 class PolicyCheckItem(pytest.Item):
     """One conformance check run against one policy."""
 
-    def __init__(self, *, spec: str, check: Callable[..., None], **kwargs: Any) -> None:
-        """Keep the policy spec and the check function."""
+    def __init__(
+        self, *, spec: str, check: Callable[..., None], max_examples: int | None = None, **kwargs: Any
+    ) -> None:
+        """Keep the policy spec, the check function and its example budget (None: the check's default)."""
         super().__init__(**kwargs)
         self.spec = spec
         self.check = check
+        self.max_examples = max_examples
 
     def runtest(self) -> None:
         """Run the check."""
-        self.check(self.spec)
+        from dynres.testkit.checks import budget_kwargs
+
+        self.check(self.spec, **budget_kwargs(self.check, self.max_examples))
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:
         """Show a check failure as its message alone; anything else with pytest's traceback."""
@@ -98,6 +124,7 @@ class _ConformanceSuite(pytest.Collector):
         from dynres.testkit.checks import policy_label, yield_policy_checks
 
         end_to_end = not self.config.getoption("dynres_no_e2e", default=False)
+        examples = self.config.getoption("dynres_examples", default=None)
         for spec in _policies(self.config):
             try:
                 checks = list(yield_policy_checks(spec, end_to_end=end_to_end))
@@ -106,7 +133,9 @@ class _ConformanceSuite(pytest.Collector):
             label = policy_label(spec)
             for check in checks:
                 item_id = f"{check.__name__}[{label}]"
-                yield PolicyCheckItem.from_parent(self, name=item_id, nodeid=item_id, spec=spec, check=check)
+                yield PolicyCheckItem.from_parent(
+                    self, name=item_id, nodeid=item_id, spec=spec, check=check, max_examples=examples
+                )
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -17,6 +17,7 @@ their own property tests::
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from hypothesis import strategies as st
@@ -25,6 +26,7 @@ from dynres.core.context import ScheduleContext, buffer_samples, step_required_s
 
 __all__ = [
     "context_sequences",
+    "edge_runs",
     "sample_context",
     "schedule_contexts",
 ]
@@ -101,32 +103,10 @@ def _cycle_state(
 
     # 0 = unknown length; otherwise the run ends at or after this cycle.
     total_steps = draw(st.one_of(st.just(0), st.integers(max(1, global_steps), global_steps + 100)))
-    hybrid_s = sync_s = 0.0
-    hybrid_generated = hybrid_tokens = standalone_tokens = 0
-    if global_steps == 0:
-        # Nothing has been measured before the first cycle ends.
-        wait_samples: tuple[int, ...] = ()
-        wait_times: tuple[float, ...] = ()
-        activate_s = deactivate_s = 0.0
-        gen_rate = cons_rate = train_s = cycle_s = 0.0
-    else:
-        wait_samples = tuple(draw(st.lists(st.integers(0, required), min_size=trigger, max_size=trigger)))
-        # A collection waits a positive time exactly when it had samples to wait for.
-        wait_times = tuple(draw(_seconds) if n > 0 else 0.0 for n in wait_samples)
-        activate_s = draw(_maybe_zero(st.floats(0.001, 600.0, allow_nan=False)))
-        deactivate_s = draw(_maybe_zero(st.floats(0.001, 600.0, allow_nan=False)))
-        gen_rate = draw(_maybe_zero(_rates))
-        cons_rate = draw(_maybe_zero(_rates))
-        train_s = draw(_maybe_zero(_seconds))
-        cycle_s = train_s + sum(wait_times) + draw(_maybe_zero(_seconds))
-        sync_s = draw(_maybe_zero(st.floats(0.001, 60.0, allow_nan=False)))
-        if hybrid > 0 and cycle_s > 0 and draw(st.booleans()):
-            # Hybrid replicas generated for part of the cycle and finished some of its samples.
-            hybrid_s = draw(st.floats(0.0, cycle_s, allow_nan=False))
-            hybrid_generated = draw(st.integers(0, max(0, total_generated - total_generated_floor)))
-            hybrid_tokens = draw(st.one_of(st.just(0), st.integers(1, 10**10)))
-        if standalone > 0:
-            standalone_tokens = draw(st.one_of(st.just(0), st.integers(1, 10**10)))
+    # Nothing has been measured before the first cycle ends: every measured field keeps its default.
+    new_samples = max(0, total_generated - total_generated_floor)
+    measured = draw(_measured_cycle(cluster, new_samples)) if global_steps > 0 else {}
+    cycle_s = measured.get("last_cycle_time_s", 0.0)
     now = draw(st.floats(0.0, 10.0 * MAX_SECONDS, allow_nan=False)) + global_steps * cycle_s
 
     return ScheduleContext(
@@ -139,25 +119,55 @@ def _cycle_state(
         expected_samples=expected,
         queue_size=queue_size,
         in_flight_samples=in_flight,
-        step_wait_times=wait_times,
-        step_wait_samples=wait_samples,
         is_hybrid_active=active,
         num_standalone_replicas=standalone,
         num_hybrid_replicas=hybrid,
         num_active_replicas=num_active,
-        last_activate_duration_s=activate_s,
-        last_deactivate_duration_s=deactivate_s,
-        generation_rate=gen_rate,
-        consumption_rate=cons_rate,
-        last_train_time_s=train_s,
-        last_cycle_time_s=cycle_s,
         total_steps=total_steps,
-        last_hybrid_active_s=hybrid_s,
-        last_hybrid_generated_samples=hybrid_generated,
-        last_hybrid_tokens=hybrid_tokens,
-        last_standalone_tokens=standalone_tokens,
-        last_sync_s=sync_s,
+        **measured,
     )
+
+
+@st.composite
+def _measured_cycle(draw: st.DrawFn, cluster: dict[str, Any], new_samples: int) -> dict[str, Any]:
+    """Draw what the runtime measured over a finished cycle of ``cluster`` that produced
+    ``new_samples`` samples: waits, switch and sync times, rates, and the hybrids' share."""
+    required = cluster["required_samples"]
+    trigger = cluster["trigger_parameter_sync_step"]
+    wait_samples = tuple(draw(st.lists(st.integers(0, required), min_size=trigger, max_size=trigger)))
+    # A collection waits a positive time exactly when it had samples to wait for.
+    wait_times = tuple(draw(_seconds) if n > 0 else 0.0 for n in wait_samples)
+    activate_s = draw(_maybe_zero(st.floats(0.001, 600.0, allow_nan=False)))
+    deactivate_s = draw(_maybe_zero(st.floats(0.001, 600.0, allow_nan=False)))
+    gen_rate = draw(_maybe_zero(_rates))
+    cons_rate = draw(_maybe_zero(_rates))
+    train_s = draw(_maybe_zero(_seconds))
+    cycle_s = train_s + sum(wait_times) + draw(_maybe_zero(_seconds))
+    sync_s = draw(_maybe_zero(st.floats(0.001, 60.0, allow_nan=False)))
+    hybrid_s = 0.0
+    hybrid_generated = hybrid_tokens = standalone_tokens = 0
+    if cluster["num_hybrid_replicas"] > 0 and cycle_s > 0 and draw(st.booleans()):
+        # Hybrid replicas generated for part of the cycle and finished some of its samples.
+        hybrid_s = draw(st.floats(0.0, cycle_s, allow_nan=False))
+        hybrid_generated = draw(st.integers(0, new_samples))
+        hybrid_tokens = draw(st.one_of(st.just(0), st.integers(1, 10**10)))
+    if cluster["num_standalone_replicas"] > 0:
+        standalone_tokens = draw(st.one_of(st.just(0), st.integers(1, 10**10)))
+    return {
+        "step_wait_times": wait_times,
+        "step_wait_samples": wait_samples,
+        "last_activate_duration_s": activate_s,
+        "last_deactivate_duration_s": deactivate_s,
+        "generation_rate": gen_rate,
+        "consumption_rate": cons_rate,
+        "last_train_time_s": train_s,
+        "last_cycle_time_s": cycle_s,
+        "last_hybrid_active_s": hybrid_s,
+        "last_hybrid_generated_samples": hybrid_generated,
+        "last_hybrid_tokens": hybrid_tokens,
+        "last_standalone_tokens": standalone_tokens,
+        "last_sync_s": sync_s,
+    }
 
 
 def schedule_contexts(
@@ -207,6 +217,133 @@ def context_sequences(
         generated = ctx.total_generated_samples
         contexts.append(ctx)
     return contexts
+
+
+_Cycle = Callable[[int, int, dict[str, Any]], dict[str, Any]]
+"""Builds cycle ``k``'s context fields from ``(k, step_required, cluster)``."""
+
+EDGE_RUN_CYCLES = 8
+"""Contexts in each of :func:`edge_runs` (the first sync and seven more)."""
+
+
+def edge_runs(*, only_hybrid: bool | None = None) -> list[list[ScheduleContext]]:
+    """Hand-built runs whose cycles all push a policy's learned state the same way (lists of contexts).
+
+    :func:`context_sequences` draws every cycle on its own, so an adaptive estimate (a learned
+    correction, a cap, a counter) seldom moves far in one direction within a run, and the code
+    that bounds it seldom runs. The conformance checks try these runs before the generated ones
+    (hypothesis explicit examples), so a defect at such a bound shows on every run and machine.
+    Each holds ``EDGE_RUN_CYCLES`` contexts from the first sync on:
+
+    * ``starved``: every collection waits for all of its samples, while the hybrid replicas
+      generate for half of each cycle;
+    * ``slowing_sync``: the trainer never waits, and from the fourth sync on the weight sync
+      takes 60 s instead of 1 s (a sync that drains running samples, as without partial rollout);
+    * ``flooded``: the queue holds all the staleness budget allows, the hybrid replicas stay
+      active, and the run's length is known (the last context is its final sync);
+    * ``colocated``: the starved run on a cluster without standalone replicas.
+
+    ``only_hybrid`` keeps the runs of that kind of cluster (None: all of them).
+    """
+    mixed = {"num_standalone_replicas": 2, "num_hybrid_replicas": 2, "required_samples": 8}
+    runs = [
+        _edge_run({**mixed, "trigger_parameter_sync_step": 2, "staleness_threshold": 0.5}, _starved),
+        _edge_run({**mixed, "trigger_parameter_sync_step": 2, "staleness_threshold": 0.0}, _slowing_sync),
+        _edge_run({**mixed, "trigger_parameter_sync_step": 2, "staleness_threshold": 0.5}, _flooded, known_length=True),
+        _edge_run(
+            {
+                "num_standalone_replicas": 0,
+                "num_hybrid_replicas": 4,
+                "required_samples": 8,
+                "trigger_parameter_sync_step": 2,
+                "staleness_threshold": 0.1,
+            },
+            _starved,
+        ),
+    ]
+    return [run for run in runs if only_hybrid is None or run[0].only_hybrid == only_hybrid]
+
+
+def _edge_run(cluster: dict[str, Any], cycle: _Cycle, *, known_length: bool = False) -> list[ScheduleContext]:
+    """The contexts of a run on ``cluster`` whose cycle ``k`` is ``cycle(k, step_required, cluster)``
+    (a dict of context fields; queue and hybrid state only at ``k = 0``, where nothing is measured)."""
+    step_required = step_required_samples(cluster["required_samples"], cluster["trigger_parameter_sync_step"])
+    contexts: list[ScheduleContext] = []
+    now = 0.0
+    for step in range(EDGE_RUN_CYCLES):
+        fields = cycle(step, step_required, cluster)
+        if step == 0:
+            fields = {k: fields[k] for k in ("queue_size", "is_hybrid_active") if k in fields}
+        queue = fields.pop("queue_size", 0)
+        active = fields.pop("is_hybrid_active", False)
+        now += fields.get("last_cycle_time_s", 0.0)
+        replicas = cluster["num_standalone_replicas"] + (cluster["num_hybrid_replicas"] if active else 0)
+        contexts.append(
+            ScheduleContext(
+                **cluster,
+                **fields,
+                global_steps=step,
+                now=now,
+                total_steps=EDGE_RUN_CYCLES - 1 if known_length else 0,
+                expected_samples=step_required * step,
+                total_generated_samples=step_required * step + queue,
+                queue_size=queue,
+                in_flight_samples=2 * replicas,
+                is_hybrid_active=active,
+                num_active_replicas=replicas,
+            )
+        )
+    return contexts
+
+
+def _measured(
+    cluster: dict[str, Any],
+    step_required: int,
+    *,
+    waits: float = 0.0,
+    sync_s: float = 2.0,
+    hybrid_s: float = 0.0,
+    hybrid_samples: int = 0,
+) -> dict[str, Any]:
+    """One finished cycle: 100 s of training, ``waits`` seconds per collection for all of its
+    samples, the sync, and ``hybrid_samples`` of the cycle's samples made by the hybrid replicas."""
+    trigger, train_s = cluster["trigger_parameter_sync_step"], 100.0
+    cycle_s = train_s + trigger * waits + sync_s
+    tokens = 1000  # per sample
+    return {
+        "step_wait_times": (waits,) * trigger,
+        "step_wait_samples": ((cluster["required_samples"] if waits else 0),) * trigger,
+        "last_activate_duration_s": 5.0 if hybrid_s else 0.0,
+        "last_deactivate_duration_s": 3.0 if hybrid_s else 0.0,
+        "generation_rate": step_required / cycle_s,
+        "consumption_rate": step_required / train_s,
+        "last_train_time_s": train_s,
+        "last_cycle_time_s": cycle_s,
+        "last_sync_s": sync_s,
+        "last_hybrid_active_s": hybrid_s,
+        "last_hybrid_generated_samples": hybrid_samples,
+        "last_hybrid_tokens": hybrid_samples * tokens,
+        "last_standalone_tokens": (step_required - hybrid_samples) * tokens
+        if cluster["num_standalone_replicas"]
+        else 0,
+    }
+
+
+def _starved(step: int, step_required: int, cluster: dict[str, Any]) -> dict[str, Any]:
+    hybrid_s = 0.5 * (100.0 + cluster["trigger_parameter_sync_step"] * 40.0)
+    samples = step_required if not cluster["num_standalone_replicas"] else step_required // 3
+    return _measured(cluster, step_required, waits=40.0, hybrid_s=hybrid_s, hybrid_samples=samples)
+
+
+def _slowing_sync(step: int, step_required: int, cluster: dict[str, Any]) -> dict[str, Any]:
+    sync_s = 1.0 if step < 4 else 60.0
+    return {"queue_size": 4, **_measured(cluster, step_required, sync_s=sync_s, hybrid_s=30.0, hybrid_samples=4)}
+
+
+def _flooded(step: int, step_required: int, cluster: dict[str, Any]) -> dict[str, Any]:
+    queue = step_required + buffer_samples(step_required, cluster["staleness_threshold"])
+    fields = _measured(cluster, step_required, hybrid_s=102.0, hybrid_samples=step_required // 2)
+    return {"queue_size": queue, "is_hybrid_active": True, **fields}
 
 
 def sample_context(**overrides: Any) -> ScheduleContext:
