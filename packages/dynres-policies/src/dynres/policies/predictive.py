@@ -12,6 +12,7 @@ import sys
 import warnings
 from collections.abc import Mapping
 from dataclasses import replace
+from types import FrameType
 from typing import Any
 
 from pydantic import ConfigDict, Field, model_validator
@@ -622,9 +623,10 @@ def _caller_stacklevel() -> int:
     # The stacklevel (as the validator passes it to warnings.warn) of the first frame outside
     # pydantic and dynres's policy construction: the warning then points at the code that passed
     # the old name, not at pydantic's internals.
-    level, frame = 2, sys._getframe(2)
-    while frame is not None and frame.f_globals.get("__name__", "").startswith(_PARAMS_PLUMBING):
-        level, frame = level + 1, frame.f_back
+    level = 2
+    caller: FrameType | None = sys._getframe(2)  # 0: this function, 1: the validator
+    while caller is not None and caller.f_globals.get("__name__", "").startswith(_PARAMS_PLUMBING):
+        level, caller = level + 1, caller.f_back
     return level
 
 
