@@ -92,7 +92,9 @@ def test_verls_context_becomes_a_schedule_context(monkeypatch):
     assert (s.total_generated_samples, s.expected_samples, s.surplus_samples) == (50, 40, 10)
     assert (s.staleness_threshold, s.buffer_samples) == (0.5, 10)
     assert (s.step_wait_times, s.step_wait_samples) == ((1.5, 0.5), (3, 1))
-    assert (s.last_activate_duration_s, s.last_deactivate_duration_s) == (2.0, 3.0)
+    # At this call verl's own activation time can only be 0 (the cycle's activation comes after it):
+    # the context carries the activation of the latest update, none yet here.
+    assert (s.last_activate_duration_s, s.last_deactivate_duration_s) == (0.0, 3.0)
     assert (s.num_standalone_replicas, s.num_hybrid_replicas, s.only_hybrid) == (1, 1, False)
     assert (s.queue_size, s.in_flight_samples, s.consumption_rate) == (0, 0, 0.0)  # unknown to verl
 

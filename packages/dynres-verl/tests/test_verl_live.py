@@ -1,4 +1,4 @@
-"""What a dynres policy inside verl learns from verl's live state: the rollouter's counters and the trainer's call times.
+"""What a dynres policy inside verl learns from verl's live state: the rollouter's counters, the trainer's call times.
 
 One scripted sync cycle with known times, played in verl 0.9.1's trainer order against the adapter
 with a rollouter stub and a hand-moved clock; every derived field is checked against the figure

@@ -66,6 +66,8 @@ class PredictivePolicy(Policy):
     misses the pipeline's restart after a sync), counted at equal stock (a cycle that fills the
     queue did part of the next one's work). ``rho`` starts at the replica-count ratio and is then
     measured: token rates bound what hybrids add, idle with and without them what they realise.
+    Engines that count no tokens (inside verl, where both token fields read 0) leave only the idle
+    comparison, so ``rho`` stays the prior until cycles without hybrids have run.
     ``wait_bias`` rises by ``wait_increase`` x the most samples a fit step still waited for (a sync
     that drained running samples counts) and falls by ``wait_decrease`` after a cycle that never
     waited.
@@ -495,7 +497,10 @@ class PredictivePolicy(Policy):
         bias = out.wait_bias + step
         out = replace(out, wait_cap=self._next_wait_cap(ctx, out, step, drain))
         if ctx.global_steps > 1:  # the run's first cycle starts from an empty pipeline
-            share = (idle_s + ctx.last_activate_duration_s) / train_s
+            # The learned activation time, not the context's: inside verl the context's value at
+            # update_after_step is the activation that opens the next window (verl counts switch
+            # times per cycle); in the dynres runtime both are the window's own activation.
+            share = (idle_s + out.activate_s) / train_s
             prev = out.hybrid_idle_share
             # Float bounds: min/max return the bound itself, and an int bound would make the
             # field an int, which a checkpoint saves as such and loads back as a float.

@@ -15,6 +15,7 @@ plus the staleness buffer. The adapter acts on the guard's answers as they come.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from dynres.core import BoundPolicy, Policy, ScheduleContext, get_plugin_manager, resolve_policy_class
@@ -135,6 +136,11 @@ class DynresPolicyAdapter:
         self.reader.timeline.after_sync(self.reader.clock(), ctx, self.reader.snapshot)
         sctx = self._context(ctx, global_steps, self._last_active)
         self.guard.decide("update_after_step", sctx)
+
+    def use_clock(self, clock: Callable[[], float]) -> None:
+        """Take time from ``clock`` (seconds): a simulated verl run passes its virtual clock, whose
+        time base its rollouter's stamps share; a real run keeps wall time."""
+        self.reader.use_clock(clock)
 
     # ---- helpers ---------------------------------------------------------------------------
 

@@ -23,7 +23,11 @@ Where each field verl's context lacks comes from (docs/verl.md has the same tabl
   otherwise 0 standalone in an only-hybrid cluster, else 1, and 1 hybrid replica (the least a
   cluster with hybrid replicas has).
 * ``last_activate_duration_s`` / ``last_deactivate_duration_s``: verl's values unchanged, i.e.
-  the switch time accumulated in the current sync cycle (0 in a cycle without that switch).
+  the switch time accumulated in the current sync cycle (0 in a cycle without that switch), with
+  one exception: at ``should_activate_after_step`` (and ``request_rebalance``), where verl's
+  activation time is always 0 because the cycle's activation comes after that call, the context
+  carries the activation that opened the cycle's hybrid window (the latest update's), which is what
+  the dynres runtime reports there.
 """
 
 from __future__ import annotations
@@ -117,7 +121,11 @@ class VerlContextReader:
             num_standalone_replicas=self.num_standalone_replicas,
             num_hybrid_replicas=self.num_hybrid_replicas,
             num_active_replicas=active_total,
-            last_activate_duration_s=_finite(getattr(ctx, "last_activate_duration_s", 0.0)),
+            last_activate_duration_s=(
+                self.timeline.opening_activate_s
+                if self.timeline.deciding
+                else _finite(getattr(ctx, "last_activate_duration_s", 0.0))
+            ),
             last_deactivate_duration_s=_finite(getattr(ctx, "last_deactivate_duration_s", 0.0)),
             generation_rate=f.generated / f.cycle_s if f.cycle_s > 0 else 0.0,
             consumption_rate=required * trigger / f.train_s if f.train_s > 0 else 0.0,

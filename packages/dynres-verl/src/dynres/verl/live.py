@@ -117,6 +117,10 @@ class CycleTimeline:
         """Start before the first cycle, with nothing measured."""
         self.figures = CycleFigures()
         """The latest cycle's figures (what the next contexts carry)."""
+        self.opening_activate_s = 0.0
+        """The activation at the latest update, which opened the current hybrid window (seconds; 0 = none)."""
+        self.deciding = False
+        """True between ``should_activate_after_step`` and ``update_after_step`` (the weight sync)."""
         self._updated_at: float | None = None
         self._generated_at_update = 0
         self._first_step_at: float | None = None
@@ -143,6 +147,7 @@ class CycleTimeline:
         if start is None:
             # Before the first update (verl's start-up sync) there is no cycle to measure.
             self._before_sync_at, self._before_sync = now, None
+            self.deciding = True
             return prev
         generated = _generated(ctx, snap)
         window = max(0.0, now - start)
@@ -162,6 +167,7 @@ class CycleTimeline:
         )
         self._before_sync_at, self._before_sync = now, figures
         self.figures = figures
+        self.deciding = True
         return figures
 
     def after_sync(self, now: float, ctx: Any, snap: RolloutSnapshot | None) -> CycleFigures:
@@ -186,6 +192,8 @@ class CycleTimeline:
                 # verl's start-up sync (before the first cycle): only its duration is known.
                 figures = CycleFigures(sync_s=sync_s)
         self.figures = figures
+        self.opening_activate_s = _seconds(getattr(ctx, "last_activate_duration_s", 0.0))
+        self.deciding = False
         self._updated_at = now
         self._generated_at_update = generated
         self._first_step_at = None

@@ -236,6 +236,15 @@ def _check_outputs(json_dest: str | None, plot_dir: str | None) -> None:
     "Run each scenario with N consecutive seeds (from --seed or its own) and print the mean "
     "and spread of the end-to-end time, so that one draw does not decide a comparison."
 )
+@click.option(
+    "--host",
+    type=click.Choice(["dynres", "verl"]),
+    default="dynres",
+    show_default=True,
+    help="Who drives the runs: the dynres runtime, or verl's own trainer order and "
+    "DynamicResourceController (needs dynres-verl; policies then take verl's names: "
+    "dynres:<name>, or verl's own default, fixed_ratio, static_fully_async).",
+)
 @click.option("--list-presets", is_flag=True, help="List the shipped presets and exit.")
 @quiet_option()
 def command(
@@ -252,6 +261,7 @@ def command(
     plot_dir: str | None,
     seed: int | None,
     n_seeds: int,
+    host: str,
     list_presets: bool,
     quiet: bool,
 ) -> None:
@@ -265,6 +275,8 @@ def command(
         dynres simulate --preset seed-dynamic-16-16 --compare-policy fixed_ratio
 
         dynres simulate --preset seed-dynamic-16-16 --compare seed-static-16-16
+
+        dynres simulate --preset seed-dynamic-16-16 --host verl --policy dynres:predictive
     """
     if list_presets:
         given = (scenario, preset, compare, compare_policies, policy, sets, run_sets, plot_dir, config_file)
@@ -297,6 +309,7 @@ def command(
         seed=seed,
         seeds=n_seeds,
         on_ignored=lambda line: click.echo(line, err=True),
+        host=host,
     )
     _print_comparison(_simulate_with_progress(plan, quiet=quiet), json_dest, plot_dir)
 

@@ -224,11 +224,11 @@ class TrainerLoop:
         for i in range(self.wiring.tracker.trigger_parameter_sync_step):
             await self._collect_one(c, i)
 
-    async def _collect_one(self, c: _Cycle, i: int, *, train_beside_hybrids: bool = False) -> None:
+    async def _collect_one(self, c: _Cycle, i: int) -> None:
         """Collection ``i`` of the cycle: wait for its samples, then one train_step.
 
-        Training needs the trainer's GPUs, so hybrid replicas still active then are deactivated
-        first, unless ``train_beside_hybrids`` (verl's trainer, which leaves that to its policy).
+        Training needs the trainer's GPUs, so hybrid replicas still active then are handed back
+        first (:meth:`_hand_back_for_training`).
         """
         w = self.wiring
         required = w.tracker.required_samples
@@ -239,14 +239,12 @@ class TrainerLoop:
         batch = await self._wait_batch()
         waited = w.now() - tw
         hybrid_wait = 0.0
-        if w.controller.is_hybrid_active and not train_beside_hybrids:
+        if w.controller.is_hybrid_active:
             # The policy kept the hybrid replicas generating (or nothing else could), but
             # training needs the GPUs. The hybrid replicas generated during this wait, so
             # it counts as hybrid rollout time (the x of resource_utilization).
             hybrid_wait = waited
-            w.tracker.hybrid_stopping()
-            await w.controller.deactivate()
-            c.deactivate_s = w.controller.last_deactivate_duration_s
+            await self._hand_back_for_training(c)
         ts = w.now()
         result = await self._train(batch)
         c.train_call_s += w.now() - ts
@@ -264,6 +262,13 @@ class TrainerLoop:
                 ended_s=w.now(),
             )
         )
+
+    async def _hand_back_for_training(self, c: _Cycle) -> None:
+        """Deactivate the hybrid replicas a train step finds active (their GPUs are the trainer's)."""
+        w = self.wiring
+        w.tracker.hybrid_stopping()
+        await w.controller.deactivate()
+        c.deactivate_s = w.controller.last_deactivate_duration_s
 
     async def _train(self, batch: list[Any]) -> Any:
         """One train_step on ``batch``; retried once when the engine marks its error retryable.

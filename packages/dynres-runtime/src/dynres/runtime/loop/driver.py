@@ -131,6 +131,9 @@ class RunSpec:
     """Switch round trips of the hybrid replicas and the trainer measured before the first cycle
     (count; 0 = none; see :mod:`~dynres.runtime.loop.calibration`): the switch costs of a run that never
     switches. Each costs one idle switch's time, once per run."""
+    trainer_loop: Callable[..., TrainerLoop] = TrainerLoop
+    """Builds the trainer loop from the wiring and :class:`TrainerLoop`'s keyword arguments; a
+    simulation hosted by verl's trainer order passes its own (:mod:`dynres.runtime.sim.verl_host`)."""
 
     def __post_init__(self) -> None:
         """Check the spec's consistency; raise ConfigError naming the field and the fix."""
@@ -308,7 +311,7 @@ class FullyAsyncRun:
             pm=self.policy.pm,
             now=now,
         )
-        self.trainer = TrainerLoop(
+        self.trainer = spec.trainer_loop(
             wiring,
             enable_rebalance=at.dynamic_schedule_enable_rebalance,
             partial_rollout=at.partial_rollout,

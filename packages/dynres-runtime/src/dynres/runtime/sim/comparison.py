@@ -15,7 +15,7 @@ from typing import Any
 
 from dynres.runtime.loop.report import CycleReport
 from dynres.runtime.sim.plan import PlannedRun, SimPlan
-from dynres.runtime.sim.runner import SimResult, build_policy, relative_difference, simulate
+from dynres.runtime.sim.runner import SimResult, relative_difference, simulate
 
 
 class PlanObserver:
@@ -72,7 +72,7 @@ def simulate_plan(plan: SimPlan, observer: PlanObserver | None = None) -> Compar
         def tick(cycle: CycleReport, run: PlannedRun = run) -> None:
             watch.cycle_done(run, cycle)
 
-        result = simulate(run.scenario, policy=run.policy, progress=tick)
+        result = simulate(run.scenario, policy=run.policy, progress=tick, host=run.host)
         results.append(result)
         watch.run_done(run, result)
     spread = _over_seeds(plan, results) if plan.seeds > 1 else {}
@@ -89,7 +89,7 @@ def _over_seeds(plan: SimPlan, first: list[SimResult]) -> dict[str, dict[str, An
         seeds = [sc.seed + k for k in range(n)]
         # A fresh policy per run: policies keep state while they run.
         rs = [r0] + [
-            simulate(sc.model_copy(update={"seed": s}), policy=build_policy(sc, run.policy_spec)) for s in seeds[1:]
+            simulate(sc.model_copy(update={"seed": s}), policy=run.fresh_policy(), host=run.host) for s in seeds[1:]
         ]
         e2e = [r.end_to_end_s for r in rs]
         mean = sum(e2e) / n

@@ -25,7 +25,7 @@ from dynres.core.config import (
     validate_model,
 )
 from dynres.core.errors import ConfigError, ScenarioError
-from dynres.runtime.sim.runner import build_policy, run_label
+from dynres.runtime.sim.runner import HOSTS, build_policy, run_label
 from dynres.runtime.sim.scenario import Scenario, config_overrides, load_scenario
 
 POLICY_KEY = "async_training.dynamic_schedule_policy"
@@ -44,13 +44,24 @@ class PlannedRun:
     """The policy named for it (``--policy`` / ``--compare-policy``); None: the scenario's own."""
     scenario: Scenario
     """The scenario after every override and the seed."""
-    policy: Policy
-    """The built policy; it keeps state while it runs, so a plan is simulated once."""
+    policy: Policy | str
+    """The built policy (it keeps state while it runs, so a plan is simulated once); with host
+    ``verl``, its name in verl's registry (verl builds it)."""
+    host: str = "dynres"
+    """Who drives the run: ``dynres`` or ``verl`` (see :mod:`dynres.runtime.sim.verl_host`)."""
 
     @property
     def label(self) -> str:
         """``scenario[policy]``, as tables, JSON and plots name the run."""
+        if isinstance(self.policy, str):
+            from dynres.runtime.sim.verl_host import host_label
+
+            return run_label(self.scenario.name, host_label(self.policy))
         return run_label(self.scenario.name, self.policy.name)
+
+    def fresh_policy(self) -> Policy | str:
+        """The run's policy built anew (a policy keeps state while it runs; a verl name is built by verl)."""
+        return self.policy if isinstance(self.policy, str) else build_policy(self.scenario, self.policy_spec)
 
 
 @dataclass(frozen=True)
@@ -77,6 +88,7 @@ def plan_simulations(
     seed: int | None = None,
     seeds: int = 1,
     on_ignored: Callable[[str], Any] | None = None,
+    host: str = "dynres",
 ) -> SimPlan:
     """Resolve and validate every run; raise a DynresError naming the bad input and the fix.
 
@@ -86,7 +98,11 @@ def plan_simulations(
         ``sets``; ``strict`` rejects the verl keys dynres does not model, else they are dropped
         and named in one line passed to ``on_ignored``.
     :param seed: replaces every run's seed; ``seeds``: seeds per run (count).
+    :param host: ``dynres``, or ``verl`` (policies named as verl's registry names them, every run
+        driven by verl's trainer order and controller).
     """
+    if host not in HOSTS:
+        raise ConfigError(f"--host {host}: unknown host; choose one of {', '.join(HOSTS)}")
     overrides = parse_set_items(sets)
     base = _config_file_overrides(config_file, strict, on_ignored) if config_file else {}
     shorthand_overrides(overrides, (("--seed", "seed", seed), ("--policy", POLICY_KEY, policy)))
@@ -106,6 +122,12 @@ def plan_simulations(
     ]
     if seed is not None:
         scenarios = [s.model_copy(update={"seed": seed}) for s in scenarios]
+    if host == "verl":
+        runs = tuple(
+            PlannedRun(i, src, spec, sc, _verl_policy(sc, spec), host)
+            for i, (sc, (src, spec)) in enumerate(zip(scenarios, specs, strict=True), start=1)
+        )
+        return SimPlan(runs, seeds)
     if policy:
         _check_policy_has_hybrids(scenarios[0], policy)
     runs = tuple(
@@ -113,6 +135,21 @@ def plan_simulations(
         for i, (sc, (src, spec)) in enumerate(zip(scenarios, specs, strict=True), start=1)
     )
     return SimPlan(runs, seeds)
+
+
+def _verl_policy(scenario: Scenario, spec: str | None) -> str:
+    """The run's policy name in verl's registry, checked; a scenario without hybrids is refused."""
+    from dynres.runtime.sim.verl_host import check_verl_policy
+
+    if not scenario.async_training.use_dynamic_resource_scheduling:
+        raise ScenarioError(
+            f"--host verl: scenario {scenario.name!r} has async_training.use_dynamic_resource_scheduling: "
+            "false, and verl builds no dynamic-schedule policy then; add --set "
+            "async_training.use_dynamic_resource_scheduling=true"
+        )
+    name = spec or scenario.async_training.dynamic_schedule_policy
+    check_verl_policy(name)
+    return name
 
 
 def _config_file_overrides(path: str, strict: bool, on_ignored: Callable[[str], Any] | None) -> dict[str, Any]:

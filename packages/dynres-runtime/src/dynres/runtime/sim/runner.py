@@ -9,6 +9,10 @@ lengths, and the virtual-time event loop.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import functools
+import io
 import math
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -53,6 +57,7 @@ from dynres.runtime.sim.workload import (
 if TYPE_CHECKING:
     from dynres.core.config import DynresConfig
     from dynres.runtime.loop.driver import RunSpec
+    from dynres.runtime.sim.verl_host import VerlTiming
 
 REAL_TIME_KEYS = frozenset({"wall_s", "policy_wall_s"})
 """Report keys measured in real time; left out of the JSON so that it is deterministic."""
@@ -78,6 +83,8 @@ class SimResult:
     """Simulator counters: tokens, replica work, sleep aborts (JSON-serialisable)."""
     ledger: SampleLedger | None = None
     """Where each admitted sample went, by id (not in the JSON; end-to-end checks read it)."""
+    host: str = "dynres"
+    """Who drove the run: ``dynres`` (the dynres runtime) or ``verl`` (verl's trainer order and controller)."""
 
     @property
     def label(self) -> str:
@@ -145,6 +152,7 @@ class SimResult:
                 "scenario": s.name,
                 "description": s.description,
                 "policy": self.policy,
+                "host": self.host,
                 "seed": s.seed,
                 **self.summary(),
                 "lower_bound_terms": dict(self.bound.terms),
@@ -377,6 +385,10 @@ def _run_spec(
     )
 
 
+HOSTS: tuple[str, ...] = ("dynres", "verl")
+"""Who drives a simulated run: the dynres runtime's trainer loop, or verl's trainer order and controller."""
+
+
 def simulate(
     scenario: str | Path | Mapping[str, Any] | Scenario,
     *,
@@ -385,23 +397,33 @@ def simulate(
     progress: Callable[[CycleReport], Any] | None = None,
     overrides: Mapping[str, Any] | None = None,
     thread_grace_s: float = 5.0,
+    host: str = "dynres",
+    verl_timing: VerlTiming | None = None,
 ) -> SimResult:
     """Simulate ``scenario`` (preset name, YAML path, mapping or Scenario) and return the result.
 
     :param policy: a policy name, ``module:Class``, ``file.py:Class``, class or instance
-        (default: the scenario's ``async_training.dynamic_schedule_policy``).
+        (default: the scenario's ``async_training.dynamic_schedule_policy``); with
+        ``host="verl"`` a name in verl's registry (``dynres:<name>``, or verl's own ``default``).
     :param seed: replaces the scenario's seed (response lengths and routing tie-breaks).
     :param progress: called after each sync cycle with its CycleReport.
     :param overrides: dotted keys to set before validation (what ``--set`` passes).
     :param thread_grace_s: real seconds a policy call may hold the virtual clock (see sim.virtual_time).
+    :param host: ``dynres`` (the dynres runtime) or ``verl`` (verl's controller in verl's trainer
+        order over the same engines, see :mod:`dynres.runtime.sim.verl_host`).
+    :param verl_timing: with ``host="verl"``, whose timing the trainer keeps (a
+        ``verl_host.VerlTiming``; None: verl's own).
     """
     from dynres.runtime.loop.driver import FullyAsyncRun
 
+    if host not in HOSTS:
+        raise ScenarioError(f"unknown host {host!r}; choose one of {', '.join(HOSTS)}")
     sc = load_scenario(scenario, overrides=overrides)
     if seed is not None:
         sc = sc.model_copy(update={"seed": seed})
     cfg = sc.dynres_config()
-    pol = build_policy(sc, policy)
+    hosted = _VerlHosting(sc, policy, verl_timing) if host == "verl" else None
+    pol = hosted.placeholder if hosted is not None else build_policy(sc, policy)
     oracle = LengthOracle(
         sc.workload.response,
         n=sc.responses_per_sample,
@@ -411,9 +433,12 @@ def simulate(
     consumption = _Consumption(sc.workload.prompt_tokens, sc.workload.decode.prefill_cost)
     cluster = _build_cluster(sc, consumption.on_batch)
     spec = _run_spec(sc, cfg, pol, cluster, consumption.recorded(prompt_groups(sc, oracle)), progress)
+    if hosted is not None:
+        spec.trainer_loop = hosted.trainer_loop(sc.steps)
     t0 = time.perf_counter()
-    run = FullyAsyncRun(spec)
-    report = run_virtual(run.run(), thread_grace_s=thread_grace_s)
+    with hosted.running() if hosted is not None else contextlib.nullcontext():
+        run = FullyAsyncRun(spec)
+        report = run_virtual(run.run(), thread_grace_s=thread_grace_s)
     wall = time.perf_counter() - t0
     if report.stopped_early:
         raise ScenarioError(f"scenario {sc.name!r}: the simulated run stopped early: {report.stopped_early}")
@@ -423,7 +448,62 @@ def simulate(
         left=held_sample_ids(run),
         dropped=run.queue.dropped_ids,
     )
-    return _result(sc, pol.name, report, cluster, consumption, wall, ledger)
+    if hosted is None:
+        return _result(sc, pol.name, report, cluster, consumption, wall, ledger)
+    report.policy = hosted.label
+    return dataclasses.replace(_result(sc, hosted.label, report, cluster, consumption, wall, ledger), host=host)
+
+
+class _VerlHosting:
+    """What a ``host="verl"`` run changes: verl's policy by its registry name, verl's trainer loop."""
+
+    def __init__(self, sc: Scenario, policy: str | Policy | type[Policy] | None, timing: VerlTiming | None) -> None:
+        from dynres.runtime.sim import verl_host
+
+        if policy is not None and not isinstance(policy, str):
+            raise ScenarioError(
+                "host verl builds its policy from verl's registry: name it (dynres:<name>, or verl's own default)"
+            )
+        at = sc.async_training
+        if not at.use_dynamic_resource_scheduling:
+            raise ScenarioError(
+                f"host verl: scenario {sc.name!r} has async_training.use_dynamic_resource_scheduling: "
+                "false, and verl builds no dynamic-schedule policy then; set it to true"
+            )
+        self.name = policy or at.dynamic_schedule_policy
+        """The policy's name in verl's registry (``verl:<name>`` accepted for verl's own)."""
+        verl_host.check_verl_policy(self.name)
+        self.label = verl_host.host_label(self.name)
+        """How the run is labelled (verl's own policies as ``verl:<name>``)."""
+        self.placeholder = verl_host.VerlHosted()
+        """What the dynres runtime holds as its policy; never asked."""
+        self.params = dict(at.dynamic_schedule_policy_params or {})
+        """The scenario's policy params (a dynres policy gets them through dynres-verl)."""
+        self.ratio = at.dynamic_schedule_deactivate_ratio
+        """verl's dynamic_schedule_deactivate_ratio."""
+        self.timing = timing if timing is not None else verl_host.VERL_TIMING
+        """Whose timing the trainer keeps (verl's unless a test asks for the dynres runtime's)."""
+
+    def trainer_loop(self, total_steps: int) -> Callable[..., Any]:
+        """The RunSpec's trainer-loop factory: verl's trainer order around verl's controller and policy."""
+        from dynres.runtime.sim import verl_host
+
+        return functools.partial(
+            verl_host.VerlTrainerLoop,
+            verl_policy=self.name,
+            total_steps=total_steps,
+            deactivate_ratio=self.ratio,
+            policy_params=self.params,
+            timing=self.timing,
+        )
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
+        """While the run is built and runs: verl's ``ray`` is the stand-ins' shim, its printing is kept off stdout."""
+        from dynres.runtime.sim import verl_host
+
+        with verl_host.verl_without_ray(), contextlib.redirect_stdout(io.StringIO()):
+            yield
 
 
 def _result(
