@@ -21,7 +21,7 @@ plugin can override a decision by returning a non-``None`` value, or wrap it wit
 Whatever the hooks return (the policy's answer or a plugin's override) is checked before the
 runtime acts on it: against the table of valid answers, :data:`dynres.core.answers.ANSWERS`
 (type and range, numpy scalars normalised), then through the safety clamps and fallbacks of
-``dynres.runtime.loop.decisions`` (the runtime's decision guard, not the controller).
+the policy guard, :mod:`dynres.core.guard` (the runtime's decision guard and dynres-verl's use it).
 
 **Observer hooks** (all implementations are called, results ignored): a decision was made, the
 controller changed state, metrics were emitted. Use them for exporters and logging.
@@ -78,8 +78,8 @@ def dynres_deactivate_wait_samples(ctx: ScheduleContext) -> int | None:
 
     Called only when :func:`dynres_should_deactivate` returned ``True``. The trainer loop waits
     until the message queue holds at least this many samples (or all the run still needs), then
-    the controller deactivates. ``0`` deactivates at once. The runtime's decision guard
-    (``dynres.runtime.loop.decisions``) clamps the answer to ``[0, step_required_samples +
+    the controller deactivates. ``0`` deactivates at once. The policy guard
+    (:mod:`dynres.core.guard`) clamps the answer to ``[0, step_required_samples +
     buffer_samples]``, and to at least ``step_required_samples`` in an only-hybrid cluster.
 
     :param ctx: the current :class:`~dynres.core.context.ScheduleContext`.
@@ -130,7 +130,7 @@ def dynres_update_after_step(ctx: ScheduleContext) -> None:
 
 @hookspec
 def dynres_decision_made(decision: str, value: Any, ctx: ScheduleContext, policy_name: str, fallback: bool) -> None:
-    """Observe one decision after the runtime checked and clamped it (``dynres.runtime.loop.decisions``).
+    """Observe one decision after the policy guard checked and clamped it (:mod:`dynres.core.guard`).
 
     :param decision: the policy method's name, e.g. ``"should_deactivate"``.
     :param value: the value the runtime acts on (after fallback and clamps).

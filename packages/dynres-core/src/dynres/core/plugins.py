@@ -151,7 +151,7 @@ class BoundPolicy:
     The runtime calls these methods; plugins registered on the same manager may override or
     wrap each decision. Values are returned as the hooks produce them; the runtime checks them
     against :data:`dynres.core.answers.ANSWERS` and falls back to safe values
-    (``dynres.runtime.loop.decisions``).
+    (:mod:`dynres.core.guard`).
     """
 
     def __init__(self, policy: Policy, pm: pluggy.PluginManager | None = None) -> None:
