@@ -5,6 +5,9 @@
 * :mod:`.scenario`  scenario files (pydantic, ``extra="forbid"``) and ``load_scenario``
 * :mod:`.presets`   the shipped presets (YAML package data)
 * :mod:`.bound`     the analytic lower bound on end-to-end time
+* :mod:`.runner`    ``simulate()``: one run, on the dynres runtime or under verl's controller (:mod:`.verl_host`)
+* :mod:`.plan`, :mod:`.comparison`  the runs of one ``dynres simulate``, validated, then compared
+* :mod:`.fit`       ``dynres scenario fit/compare``: a scenario fitted to a run's metrics
 """
 
 from __future__ import annotations
