@@ -726,7 +726,7 @@ DECISION_METHODS: tuple[str, ...] = tuple(m for m in POLICY_METHODS if m != "upd
 _MISSING = object()
 
 
-def _state_diff(before: Any, after: Any, path: str, depth: int = 0) -> str | None:
+def _state_diff(before: Any, after: Any, path: str, depth: int = 0) -> str | None:  # noqa: C901  # a branch per kind of value
     """The first place where two snapshots of a policy's attributes differ, as ``path: a -> b``."""
     if depth > 8:
         return None

@@ -83,7 +83,7 @@ class SwitchCalibration:
         return [s.duration_s for s in self.steps if s.op == op and s.ok and (detail is None or s.detail == detail)]
 
 
-async def run_switch_calibration(
+async def run_switch_calibration(  # noqa: C901  # the switch steps in order, a quarantine at each
     *,
     rounds: int,
     hybrid: list[Replica],

@@ -387,7 +387,7 @@ class LoadBalancer:
         finally:
             self._current[hash(request.request_id) & MASK].pop(request.request_id, None)
 
-    async def _generate(self, request: GenerationRequest) -> GenerationResult:
+    async def _generate(self, request: GenerationRequest) -> GenerationResult:  # noqa: C901  # one retry loop: its finally sees every exit
         req = request
         failures = 0
         task = asyncio.current_task()
