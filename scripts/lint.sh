@@ -3,12 +3,29 @@
 # (scripts/dev/check_sizes.py) and mypy over every distribution. Ruff, import-linter and mypy are
 # configured in the root pyproject.toml. Run after scripts/install.sh --dev (scripts/test.sh runs
 # this first).
+#   bash scripts/lint.sh               # every step
+#   bash scripts/lint.sh sizes mypy    # only these steps (.pre-commit-config.yaml runs them one by one)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${VENV_BIN:-.venv/bin}
-echo "== ruff check"; "$BIN/ruff" check .
-echo "== ruff format --check"; "$BIN/ruff" format --check .
-echo "== lint-imports"; "$BIN/lint-imports"
-echo "== sizes (functions <= 80 lines, modules <= 700)"; "$BIN/python" scripts/dev/check_sizes.py
-echo "== mypy"
-"$BIN/mypy" -p dynres.core -p dynres.policies -p dynres.runtime -p dynres.testkit -p dynres.verl
+
+step() {
+  case "$1" in
+    ruff) echo "== ruff check"; "$BIN/ruff" check . ;;
+    format) echo "== ruff format --check"; "$BIN/ruff" format --check . ;;
+    imports) echo "== lint-imports"; "$BIN/lint-imports" ;;
+    sizes) echo "== sizes (functions <= 80 lines, modules <= 700)"; "$BIN/python" scripts/dev/check_sizes.py ;;
+    mypy)
+      echo "== mypy"
+      "$BIN/mypy" -p dynres.core -p dynres.policies -p dynres.runtime -p dynres.testkit -p dynres.verl
+      ;;
+    *) echo "lint.sh: unknown step '$1' (steps: ruff format imports sizes mypy)" >&2; exit 2 ;;
+  esac
+}
+
+if [ "$#" -eq 0 ]; then
+  set -- ruff format imports sizes mypy
+fi
+for name in "$@"; do
+  step "$name"
+done
