@@ -10,7 +10,8 @@ The layout follows verl's training config so that its keys can be copied unchang
       actor: {ppo_mini_batch_size: 32}
       rollout: {gpu_memory_utilization: 0.45, standalone_gpu_memory_utilization: 0.7, n: 16}
     rollout: {nnodes: 2, n_gpus_per_node: 8}      # standalone rollout nodes
-    trainer: {nnodes: 2, n_gpus_per_node: 8}      # trainer nodes (hybrid replicas live here)
+    trainer: {nnodes: 2, n_gpus_per_node: 8,      # trainer nodes (hybrid replicas live here)
+              logger: [console, tensorboard]}     # tracking backends (dynres.core.tracking)
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from dynres.core.errors import ConfigError, did_you_mean
 
@@ -151,6 +152,47 @@ class NodesConfig(StrictModel):
         return self.nnodes * self.n_gpus_per_node
 
 
+TRACKING_BACKENDS_HINT = "console, file, tensorboard, mlflow, wandb"
+"""The tracking backends dynres-runtime ships (a plugin may add more; ``dynres config schema`` lists them)."""
+
+
+class TrackingConfig(StrictModel):
+    """verl's tracking keys of the ``trainer`` section: where a run's per-cycle metrics are logged."""
+
+    logger: list[str] = Field(
+        default_factory=lambda: ["console"],
+        description="Tracking backends that receive every sync cycle's metrics, as in verl's trainer.logger: "
+        f"{TRACKING_BACKENDS_HINT}, or one a `dynres.plugins` package adds (a single name is read as a list).",
+    )
+    project_name: str = Field(
+        "dynres", min_length=1, description="Project of the tracked runs (MLflow experiment, W&B project)."
+    )
+    experiment_name: str | None = Field(
+        None,
+        min_length=1,
+        description="Name of the tracked run; null: the output folder's name (dynres run) or each run's "
+        "scenario[policy] label (dynres simulate).",
+    )
+
+    @field_validator("logger", mode="before")
+    @classmethod
+    def _one_name(cls, v: Any) -> Any:
+        # verl accepts `logger: console` as well as a list.
+        return [v] if isinstance(v, str) else v
+
+    @field_validator("logger")
+    @classmethod
+    def _names(cls, v: list[str]) -> list[str]:
+        names = [n.strip() for n in v]
+        if any(not n for n in names):
+            raise ValueError("trainer.logger: a backend name is empty; list names such as [console, tensorboard]")
+        return list(dict.fromkeys(names))  # a name given twice logs once
+
+
+class TrainerConfig(TrackingConfig, NodesConfig):
+    """verl's ``trainer`` section: the trainer's nodes (hybrid replicas live there) and the tracking keys."""
+
+
 class DynresConfig(StrictModel):
     """A whole dynres configuration: async training, engine and the two node pools."""
 
@@ -163,8 +205,9 @@ class DynresConfig(StrictModel):
     rollout: NodesConfig = Field(
         default_factory=NodesConfig, description="Standalone rollout nodes (verl's rollout section)."
     )
-    trainer: NodesConfig = Field(
-        default_factory=NodesConfig, description="Trainer nodes; hybrid replicas share their GPUs."
+    trainer: TrainerConfig = Field(
+        default_factory=TrainerConfig,
+        description="Trainer nodes (hybrid replicas share their GPUs) and verl's tracking keys (trainer.logger).",
     )
 
     @model_validator(mode="after")

@@ -26,6 +26,10 @@ the policy guard, :mod:`dynres.core.guard` (the runtime's decision guard and dyn
 **Observer hooks** (all implementations are called, results ignored): a decision was made, the
 controller changed state, metrics were emitted. Use them for exporters and logging.
 
+**Tracking hook** (all implementations are called, their lists pooled):
+``dynres_tracking_backends`` offers the backends verl's ``trainer.logger`` key can name
+(:mod:`dynres.core.tracking`).
+
 **Resolution hook** (``firstresult``): ``dynres_resolve_policy`` lets a plugin answer for policy
 names the built-in resolver cannot place (dynres-verl answers ``verl:<name>``).
 
@@ -44,6 +48,7 @@ import pluggy
 if TYPE_CHECKING:
     from dynres.core.context import ScheduleContext
     from dynres.core.policy import Policy
+    from dynres.core.tracking import TrackingBackend
 
 PROJECT_NAME = "dynres"
 """The pluggy project name shared by the markers and the plugin manager."""
@@ -160,6 +165,25 @@ def dynres_metrics_emitted(step: int, metrics: dict[str, float]) -> None:
     """
 
 
+# ---- Tracking hook -------------------------------------------------------------------------
+
+
+@hookspec
+def dynres_tracking_backends() -> list[TrackingBackend]:
+    """Offer tracking backends that verl's ``trainer.logger`` key can name.
+
+    Called once per run, before anything starts; every implementation runs and the backends of
+    all of them are pooled (dynres-runtime's own ``console``, ``file``, ``tensorboard``, ``mlflow``
+    and ``wandb`` come through this same hook, each from an entry point of the ``dynres.plugins``
+    group). A name offered by two plugins is an error naming both. A backend only describes
+    itself here: nothing is imported or opened until a run lists its name, and then
+    :meth:`~dynres.core.tracking.TrackingBackend.check` runs first, so a missing package stops the
+    run before it starts with one line naming what to install. See :mod:`dynres.core.tracking`.
+
+    :return: a list of :class:`~dynres.core.tracking.TrackingBackend` instances (may be empty).
+    """
+
+
 # ---- Resolution hook -----------------------------------------------------------------------
 
 
@@ -198,3 +222,6 @@ OBSERVER_HOOKS: tuple[str, ...] = (
 
 RESOLUTION_HOOKS: tuple[str, ...] = ("dynres_resolve_policy",)
 """Names of the hooks the policy resolver consults."""
+
+TRACKING_HOOKS: tuple[str, ...] = ("dynres_tracking_backends",)
+"""Names of the hooks that offer tracking backends (``trainer.logger``)."""

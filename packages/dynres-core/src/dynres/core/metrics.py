@@ -7,6 +7,7 @@ steps); the runtime records one :class:`MicroStep` per fit step and the rollout 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -159,3 +160,47 @@ def cycle_metrics(
         TRAIN_COMPUTE_TIME: float(sum(compute)),
         TRAIN_ALLOCATED_TIME: float(sum(alloc)),
     }
+
+
+# ---- Names for tracking backends (trainer.logger) ------------------------------------------------
+
+TRACKING_NAMES: Mapping[str, str] = {
+    "duration_s": "timing_s/step",
+    "wait_for_enough_samples_s": "timing_s/wait_for_enough_samples",
+    "weight_sync_s": "timing_s/param_sync",
+    "samples_generated": "fully_async/rollouter/step_generated_samples",
+    "weight_version": "fully_async/count/current_param_version",
+}
+"""Per-cycle record keys that verl logs under a name of its own, and that name: the sync cycle's
+wall time, the wait for enough samples while hybrid replicas generated, the weight sync (seconds),
+samples generated during the cycle and the weight version it published (counts)."""
+DYNRES_TRACKING_PREFIX = "dynres/"
+"""Prefix of the record's own fields that verl has no name for (``dynres/activated``, ``dynres/end_s``)."""
+REWARD_KEYS: tuple[str, ...] = ("cycle_mean/reward/mean", "cycle_mean/reward", "reward/mean", "train/reward")
+"""Where a per-cycle record keeps the mean reward, best first (the train engine's own metric names)."""
+
+
+def tracking_metrics(record: Mapping[str, object]) -> dict[str, float]:
+    """A per-cycle record's numbers as tracking backends receive them, under verl's names where it has one.
+
+    Keys with a ``/`` keep their name (``dynamic_resource/*``, ``batch/*``, ``reward/mean``); the
+    fields of :data:`TRACKING_NAMES` take verl's name; any other field goes under
+    :data:`DYNRES_TRACKING_PREFIX`. ``step`` is the x axis, not a metric. Booleans become 0.0 / 1.0;
+    lists, text and non-finite numbers (a cycle without a metric holds NaN) are left out, since
+    not every backend stores them.
+    """
+    out: dict[str, float] = {}
+    for key, value in record.items():
+        if key == "step" or not isinstance(value, bool | int | float):
+            continue
+        number = float(value)
+        if not math.isfinite(number):
+            continue
+        name = key if "/" in key else TRACKING_NAMES.get(key, DYNRES_TRACKING_PREFIX + key)
+        out[name] = number
+    return out
+
+
+def reward_key(record: Mapping[str, object]) -> str | None:
+    """The key of the per-cycle mean reward in ``record`` (see :data:`REWARD_KEYS`), or None."""
+    return next((k for k in REWARD_KEYS if k in record), None)

@@ -96,7 +96,7 @@ def register_plugin(pm: pluggy.PluginManager, plugin: object, *, name: str | Non
 
 
 def _validation_hint(pm: pluggy.PluginManager, plugin: object) -> str:
-    known = hookspecs.DECISION_HOOKS + hookspecs.OBSERVER_HOOKS + hookspecs.RESOLUTION_HOOKS
+    known = hookspecs.DECISION_HOOKS + hookspecs.OBSERVER_HOOKS + hookspecs.RESOLUTION_HOOKS + hookspecs.TRACKING_HOOKS
     for attr in dir(plugin):
         opts = pm.parse_hookimpl_opts(plugin, attr)
         if opts is None:
