@@ -21,6 +21,8 @@ class Floor(Policy):
         floor: float = Field(0.5, ge=0.0, le=1.0)
         window: int = Field(3, ge=1)
 
+    params: Params
+
     def should_deactivate(self, ctx: ScheduleContext) -> bool:
         return ctx.is_hybrid_active
 
@@ -40,7 +42,7 @@ def test_base_class_supplies_rebalance_update_and_state():
     p = Floor()
     ctx = make_ctx(is_hybrid_active=True)
     assert p.should_rebalance(ctx) is False
-    assert p.update_after_step(ctx) is None
+    p.update_after_step(ctx)  # a no-op (its None return is the signature's)
     assert p.state_dict() == {}
     p.load_state_dict({})
     assert p.deactivate_wait_samples(ctx) == 16

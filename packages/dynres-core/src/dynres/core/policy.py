@@ -49,8 +49,8 @@ class Policy:
 
     params: Params
 
-    def __init__(self, params: Params | Mapping[str, Any] | None = None) -> None:
-        """Validate ``params`` against this class's ``Params`` model and keep them."""
+    def __init__(self, params: BaseModel | Mapping[str, Any] | None = None) -> None:
+        """Validate ``params`` against this class's ``Params`` model and keep them (another model is revalidated)."""
         self.params = self.validate_params(params)
 
     # ---- Construction helpers -------------------------------------------------------------
