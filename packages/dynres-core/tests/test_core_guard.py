@@ -209,7 +209,9 @@ def test_timed_out_calls_spend_the_budget_until_they_finish() -> None:
         if guard.blocked() is None:
             break
         time.sleep(0.01)
-    guard.policy.policy.answers["should_deactivate"] = False
+    scripted = guard.policy.policy
+    assert isinstance(scripted, Scripted)
+    scripted.answers["should_deactivate"] = False
     assert guard.decide("should_deactivate", make_ctx()).value is False
     assert guard.fallbacks == 3 and [s[2] for s in seen.seen] == [True, True, True, False]
 

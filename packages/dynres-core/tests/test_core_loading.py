@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from core_helpers import make_ctx
 
 from dynres.core import (
     POLICIES_GROUP,
@@ -77,7 +78,7 @@ def test_good_distribution_is_found_by_name(make_dist):
     policy = load_policy("acme_ratio", {"floor": 0.25})
     assert type(policy).__name__ == "AcmeRatio"
     assert type(policy).__module__ == dist.module("acme")
-    assert policy.params.floor == 0.25
+    assert policy.params.model_dump() == {"floor": 0.25}
     assert isinstance(policy, Policy)
 
 
@@ -87,7 +88,7 @@ def test_good_distribution_by_module_class_path(make_dist):
     by_path = resolve_policy_class(spec)
     assert by_path is resolve_policy_class("acme_ratio")
     assert resolve_policy_class(f"  {spec}  ") is by_path
-    assert load_policy(spec).params.floor == 0.5
+    assert load_policy(spec).params.model_dump() == {"floor": 0.5}
 
 
 def test_module_class_path_works_without_any_entry_point(make_dist):
@@ -258,7 +259,7 @@ def test_file_path_loads_the_class_and_imports_the_file_once(tmp_path):
     pol = tmp_path / "my_policy.py"
     pol.write_text(FILE_POLICY + "\nLOADS = globals().get('LOADS', 0) + 1\n")
     cls = resolve_policy_class(f"{pol}:Never")
-    assert cls.name == "never" and cls(None).should_activate_after_step(None) is False
+    assert cls.name == "never" and cls(None).should_activate_after_step(make_ctx()) is False
     assert resolve_policy_class(f"{pol}:Never") is cls  # same module object, not a second copy
     from dynres.core.config import AsyncTrainingConfig
     from dynres.core.loading import policy_from_config
