@@ -171,7 +171,7 @@ def test_wait_target_rises_after_waits_and_falls_after_none() -> None:
 def test_backs_off_when_hybrid_cycles_realise_no_saving_and_tries_again() -> None:
     # Hybrid cycles take 520 s + a 10 s activation against 500 s without: switching loses.
     p = PredictivePolicy({"calibrate_static": False, "backoff_after": 2, "backoff_min_cycles": 3})
-    losing = {"cycle_s": 520.0, "hybrid_s": 200.0, "hybrid_generated": 20}
+    losing: dict[str, Any] = {"cycle_s": 520.0, "hybrid_s": 200.0, "hybrid_generated": 20}
     static = [production_bound(k, hybrid=False) for k in range(1, 4)]
     answers = run(p, [make_ctx(global_steps=0), *static])
     assert p.est.static_idle_share > 0
@@ -221,7 +221,8 @@ def test_the_back_off_params_old_names_still_load_with_one_warning_each() -> Non
     # As dynamic_schedule_policy_params of a config, and through every way a policy is built.
     config = load_config({"async_training": {"dynamic_schedule_policy_params": {"probe_interval_min": 5}}})
     with pytest.warns(FutureWarning, match="rename it to 'backoff_min_cycles'"):
-        assert policy_from_config(config.async_training, "predictive").params.backoff_min_cycles == 5
+        policy = policy_from_config(config.async_training, "predictive")
+    assert isinstance(policy, PredictivePolicy) and policy.params.backoff_min_cycles == 5
     with pytest.raises(PolicyParamsError, match="give only 'backoff_max_cycles'"):
         PredictivePolicy({"probe_interval_max": 8, "backoff_max_cycles": 8})
     with warnings.catch_warnings():
@@ -238,7 +239,12 @@ def starved_run() -> list[ScheduleContext]:
     """Hybrid cycles whose fit steps wait for every sample: from the second on, each raises
     wait_bias by wait_increase x the most samples a fit step waited for (0.5 x 25), so the ninth
     reaches its clamp at step_required (100)."""
-    starved = {"waits": (50.0,) * 4, "wait_samples": (25,) * 4, "hybrid_s": 100.0, "hybrid_generated": 30}
+    starved: dict[str, Any] = {
+        "waits": (50.0,) * 4,
+        "wait_samples": (25,) * 4,
+        "hybrid_s": 100.0,
+        "hybrid_generated": 30,
+    }
     return [make_ctx(global_steps=0), *(cycle_ctx(k, cycle_s=500.0, **starved) for k in range(1, 10))]
 
 
@@ -485,7 +491,7 @@ def test_the_wait_target_stays_under_the_first_one_raised_by_what_cycles_miss() 
     # The first cycle trained on the short samples: a target forecast from its training time is
     # too high. The second cycle waits for at most the first target (50 of 100: as many hybrid as
     # standalone replicas) + wait_increase (0.5) x the most samples a fit step waited for (10).
-    hybrid = {"cycle_s": 380.0, "hybrid_s": 150.0, "hybrid_generated": 30}
+    hybrid: dict[str, Any] = {"cycle_s": 380.0, "hybrid_s": 150.0, "hybrid_generated": 30}
     first = cycle_ctx(1, wait_samples=(0, 0, 6, 10), **hybrid)
     p = PredictivePolicy({"calibrate_static": False})
     run(p, [make_ctx(global_steps=0), first])
@@ -594,7 +600,8 @@ def test_sim_second_window_not_sized_by_the_first_cycles_short_training() -> Non
     on = {"async_training.use_dynamic_resource_scheduling": True}
     mine = simulate("verl-7b-async-64-64", policy="predictive", seed=2, overrides=on)
     default = simulate("verl-7b-async-64-64", policy="default", seed=2, overrides=on)
-    assert mine.report.cycles[1].deactivate_wait_samples < 300
+    wait = mine.report.cycles[1].deactivate_wait_samples
+    assert wait is not None and wait < 300
     assert mine.end_to_end_s < default.end_to_end_s, (mine.end_to_end_s, default.end_to_end_s)
 
 

@@ -66,13 +66,14 @@ def test_config_ratio_sets_the_starting_ratio(name):
     cfg = AsyncTrainingConfig(dynamic_schedule_policy=name, dynamic_schedule_deactivate_ratio=0.45)
     cls = CLASSES[name]
     policy = load_policy(cfg.dynamic_schedule_policy, policy_params_from_config(cfg, cls.Params))
+    assert isinstance(policy, DefaultPolicy | FixedRatioPolicy) and type(policy) is cls
     assert policy.params.deactivate_ratio == 0.45
 
 
 def test_config_ratio_starts_the_adaptive_ratio():
     cfg = AsyncTrainingConfig(dynamic_schedule_deactivate_ratio=0.45)
     policy = load_policy("default", policy_params_from_config(cfg, DefaultPolicy.Params))
-    assert policy.ratio == 0.45
+    assert isinstance(policy, DefaultPolicy) and policy.ratio == 0.45
 
 
 def test_static_takes_no_ratio_from_config():
@@ -84,5 +85,6 @@ def test_static_takes_no_ratio_from_config():
 def test_policy_params_from_config_reach_the_policy():
     cfg = AsyncTrainingConfig(dynamic_schedule_policy_params={"switch_cost_window": 5})
     policy = load_policy("default", policy_params_from_config(cfg, DefaultPolicy.Params))
+    assert isinstance(policy, DefaultPolicy)
     assert policy.params.switch_cost_window == 5
     assert policy.params.deactivate_ratio == 0.3
