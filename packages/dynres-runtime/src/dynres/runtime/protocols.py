@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -192,6 +192,23 @@ class Replica(Protocol):
         ...
 
 
+def lost_reason(replica: object) -> str | None:
+    """Why ``replica`` is gone for good (its actor, process or node died), from its optional
+    ``lost_reason`` attribute; None while it may still answer (or when it does not say).
+
+    A lost replica can never pass a health probe: the controller recreates it at once
+    (:data:`ReplicaRestarter`) instead of probing it.
+    """
+    return getattr(replica, "lost_reason", None) or None
+
+
+ReplicaRestarter = Callable[[Replica], Awaitable[Replica]]
+"""Recreates a gone replica: called with the old one, returns a new one with the same
+``replica_id`` and ``kind``, built from the same spec on a placement that fits (the old one is
+released first) and started, but not yet loaded with the run's weights (the controller does that).
+Raises when it cannot; the controller then retries after a backoff or quarantines it."""
+
+
 def generated_tokens(replica: object) -> int | None:
     """Response tokens ``replica`` generated so far, from its optional ``generated_tokens`` counter.
 
@@ -305,6 +322,27 @@ class TrainEngine(Protocol):
 
     async def shutdown(self) -> None:
         """Release the engine's resources."""
+        ...
+
+
+@runtime_checkable
+class CheckpointableTrainEngine(Protocol):
+    """A train engine whose state (weights, optimizer, step counters) can be saved and loaded.
+
+    A run checkpoint (:mod:`dynres.runtime.loop.checkpoint`) calls :meth:`save_state` between two
+    cycles with a fresh directory, and a resumed run calls :meth:`load_state` on a freshly built
+    engine before its first cycle. The directory must be one the engine's own process can write
+    and read (on several nodes: shared storage).
+    """
+
+    async def save_state(self, path: str) -> None:
+        """Write the weights, the optimizer state and the step counters into directory ``path``
+        (it exists and is empty); an offloaded engine stays offloaded."""
+        ...
+
+    async def load_state(self, path: str) -> None:
+        """Load what :meth:`save_state` wrote into ``path``; raise BackendError naming what does
+        not fit (another model shape, a missing file)."""
         ...
 
 

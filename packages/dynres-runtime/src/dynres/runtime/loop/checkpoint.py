@@ -7,16 +7,26 @@ checkpoint taken during a run) the samples still being generated, each with its 
 responses and the partial output of the unfinished ones. It also holds the step and
 weight-version counters, the prompt source's position (``prompts.position``: groups read so
 far, over all resumed segments; restart the source there) and the policy's ``state_dict``, which
-must be plain JSON (an error names the key otherwise). Without partial rollout, unfinished
-responses restart from scratch on resume.
+must be plain JSON (an error names the key otherwise), and under ``dropped`` the ids the queue
+dropped as too stale, over all segments. Without partial rollout, unfinished responses restart
+from scratch on resume.
+
+:class:`CheckpointStore` keeps such checkpoints on disk, together with the train engine's own
+state (weights, optimizer; :class:`~dynres.runtime.protocols.CheckpointableTrainEngine`), so
+that a run killed at any moment can be resumed from its latest complete checkpoint.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import json
 import logging
 import math
-from collections.abc import Mapping
+import os
+import shutil
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from dynres.core import BoundPolicy
@@ -25,7 +35,7 @@ from dynres.runtime.loop.cycle import TrainerLoop
 from dynres.runtime.loop.queue import MessageQueue
 from dynres.runtime.loop.rollouter import PartialSample, Rollouter
 from dynres.runtime.loop.tracker import RunTracker
-from dynres.runtime.protocols import GenerationResult
+from dynres.runtime.protocols import CheckpointableTrainEngine, GenerationResult, TrainEngine
 from dynres.runtime.samples import (
     group_from_dict,
     group_to_dict,
@@ -42,11 +52,18 @@ CHECKPOINT_FORMAT = "dynres.checkpoint/1"
 
 
 def make_checkpoint(
-    policy: BoundPolicy, tracker: RunTracker, trainer: TrainerLoop, queue: MessageQueue, rollouter: Rollouter
+    policy: BoundPolicy,
+    tracker: RunTracker,
+    trainer: TrainerLoop,
+    queue: MessageQueue,
+    rollouter: Rollouter,
+    *,
+    dropped_before: Sequence[str] = (),
 ) -> dict[str, Any]:
     """The run's resumable state as JSON-serialisable data (see the module docs).
 
-    Raises PolicyError when the policy's ``state_dict`` raises or is not plain JSON.
+    ``dropped_before``: ids dropped as stale by the segments before this one (from the checkpoint
+    it resumed). Raises PolicyError when the policy's ``state_dict`` raises or is not plain JSON.
     """
     partial = [
         {
@@ -69,6 +86,7 @@ def make_checkpoint(
             "consumed": queue.consumed,
             "dropped_stale": queue.dropped_stale,
         },
+        "dropped": [*dropped_before, *queue.dropped_ids],
     }
 
 
@@ -160,3 +178,117 @@ def restore_checkpoint(
 
 def _empty(r: GenerationResult) -> GenerationResult:
     return dataclasses.replace(r, token_ids=[], logprobs=[])
+
+
+CHECKPOINTS_DIR = "checkpoints"
+"""Folder of a run folder's checkpoints."""
+LATEST_FILE = "latest.json"
+"""File in :data:`CHECKPOINTS_DIR` naming the newest complete checkpoint."""
+RUN_STATE_FILE = "run.json"
+"""File of one checkpoint holding the sample side (:func:`make_checkpoint`'s data and more)."""
+TRAINER_DIR = "trainer"
+"""Folder of one checkpoint the train engine's ``save_state`` writes into."""
+
+
+class CheckpointStore:
+    """A run folder's checkpoints on disk, written so that no crash leaves a broken latest one.
+
+    Layout under ``root``: ``step-000010/run.json`` (the sample side, plus whatever the caller adds:
+    the ledger's line count, the run segment), ``step-000010/trainer/`` (what the train engine's
+    ``save_state`` wrote) and ``latest.json`` naming the newest. A checkpoint is built in a hidden
+    folder and renamed into place once complete; then ``latest.json`` is replaced by a temporary
+    file renamed over it. A process killed at any moment therefore leaves the previous latest
+    checkpoint whole, and :meth:`latest` never names a half-written one. The newest ``keep``
+    checkpoints stay; older ones are removed after a new one is in place.
+    """
+
+    def __init__(self, root: str | Path, *, keep: int = 2) -> None:
+        """Keep checkpoints in folder ``root`` (created on the first save); keep the newest ``keep``."""
+        self.root = Path(root)
+        """The checkpoints' folder."""
+        self.keep = max(1, keep)
+        """Checkpoints kept (count, at least 1)."""
+        self.saved: list[int] = []
+        """Cycles of the checkpoints this store wrote, in order."""
+
+    def latest(self) -> Path | None:
+        """The newest complete checkpoint's folder, or None when there is none.
+
+        ``latest.json`` names it; when that file is missing or unreadable (a copy of the folder,
+        a filesystem that lost it), the complete folder of the highest cycle is taken.
+        """
+        try:
+            name = json.loads((self.root / LATEST_FILE).read_text(encoding="utf-8"))["path"]
+            path = self.root / str(name)
+            if (path / RUN_STATE_FILE).is_file():
+                return path
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+        done = sorted(p for p in self.root.glob("step-*") if (p / RUN_STATE_FILE).is_file())
+        return done[-1] if done else None
+
+    def load(self, path: str | Path | None = None) -> dict[str, Any]:
+        """The run state of checkpoint folder ``path`` (None: the latest); ConfigError when there is none."""
+        where = Path(path) if path is not None else self.latest()
+        if where is None:
+            raise ConfigError(
+                f"no checkpoint in {self.root}: the run wrote none yet (run.checkpoint_every cycles); "
+                "start it again without --resume"
+            )
+        try:
+            state = json.loads((where / RUN_STATE_FILE).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"checkpoint {where} cannot be read ({exc}); resume from an older one") from exc
+        state["path"] = str(where)
+        return state
+
+    async def save(self, step: int, state: Mapping[str, Any], train_engine: TrainEngine | None) -> Path:
+        """Write checkpoint ``step`` (a cycle count): the train engine's state, then ``state``.
+
+        A train engine that cannot save its state (not a CheckpointableTrainEngine) leaves
+        ``trainer: null`` in run.json: a resume then starts from the initial weights.
+        """
+        tmp = self.root / f".tmp-step-{step:06d}-{os.getpid()}"
+        await asyncio.to_thread(_fresh_dir, tmp)
+        data = dict(state)
+        data["trainer"] = None
+        if isinstance(train_engine, CheckpointableTrainEngine):
+            (tmp / TRAINER_DIR).mkdir()
+            await train_engine.save_state(str(tmp / TRAINER_DIR))
+            data["trainer"] = TRAINER_DIR
+        else:
+            logger.warning("the train engine cannot save its state; checkpoint %d holds the sample side only", step)
+        final = await asyncio.to_thread(self._commit, tmp, step, data)
+        self.saved.append(step)
+        return final
+
+    def _commit(self, tmp: Path, step: int, data: Mapping[str, Any]) -> Path:
+        """Write run.json, rename the folder into place, point latest.json at it, prune old ones."""
+        _write_synced(tmp / RUN_STATE_FILE, json.dumps(data))
+        final = self.root / f"step-{step:06d}"
+        if final.exists():  # written by a segment that died before it got further: replace it
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        latest_tmp = self.root / f".{LATEST_FILE}.tmp"
+        _write_synced(latest_tmp, json.dumps({"path": final.name, "step": step}))
+        os.replace(latest_tmp, self.root / LATEST_FILE)
+        complete = sorted(p for p in self.root.glob("step-*") if p != final)
+        # Older checkpoints beyond `keep`, and what killed writers left half-built.
+        for old in [*complete[: max(0, len(complete) - (self.keep - 1))], *self.root.glob(".tmp-step-*")]:
+            shutil.rmtree(old, ignore_errors=True)
+        return final
+
+
+def _fresh_dir(path: Path) -> None:
+    """Make ``path`` an empty folder (a leftover of an earlier attempt is removed first)."""
+    if path.exists():
+        shutil.rmtree(path)
+    path.mkdir(parents=True)
+
+
+def _write_synced(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` and flush it to disk before returning (it is renamed next)."""
+    with path.open("w", encoding="utf-8") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())

@@ -41,11 +41,20 @@ after a backoff (``probation_backoff_s``, doubling with each failure of that rep
 ``probation_max_s``) a standalone replica gets a health probe (``health()``, then the current
 weights through pause, update_weights, resume) and rejoins routing; a hybrid replica becomes
 eligible for the next activation again, whose own wake-up is its probe. After ``max_probes``
-failed probes in a row it is *quarantined*. A replica whose ``abort`` or ``sleep`` fails or hangs
-is quarantined at once (its requests and memory are in an unknown state): never activated again
-in this run; so is a replica that reports itself gone for good through a ``lost_reason``
-attribute (a Ray replica whose actor died). The trainer's own offload failing cancels the
-activation; its onload failing is fatal (training cannot go on).
+failed probes in a row it is *retired*. A replica whose ``abort`` or ``sleep`` fails or hangs is
+retired at once (its requests and memory are in an unknown state), and so is a replica that
+reports itself gone for good through a ``lost_reason`` attribute (a Ray replica whose actor died).
+
+A retired replica is *recreated* when the run has a
+:data:`~dynres.runtime.protocols.ReplicaRestarter` and the replica's restart budget
+(:mod:`~dynres.runtime.loop.restarts`) is not spent: after the budget's backoff the restarter
+builds a new one with the same id, it must pass a health probe, it replaces the old one
+everywhere, and it is brought to the current weights before it returns: a standalone replica is
+paused, loaded and resumed into routing; a hybrid one joins routing the way an activation does
+when the hybrid replicas are active now, else it is put to sleep in its slot for the next
+activation. A failed attempt is retried (next backoff) while the budget lasts. Otherwise a
+retired replica is *quarantined*: never used again in this run. The trainer's own offload
+failing cancels the activation; its onload failing is fatal (training cannot go on).
 """
 
 from __future__ import annotations
@@ -62,8 +71,9 @@ import pluggy
 from dynres.core.errors import BackendError, RuntimeStateError
 from dynres.runtime.loop.gc_control import no_full_collection
 from dynres.runtime.loop.ops import OpRunner
+from dynres.runtime.loop.restarts import RestartBudget
 from dynres.runtime.loop.routing import LoadBalancer
-from dynres.runtime.protocols import Replica, TrainEngine, WeightUpdate
+from dynres.runtime.protocols import Replica, ReplicaRestarter, TrainEngine, WeightUpdate, lost_reason
 
 logger = logging.getLogger("dynres.runtime.loop.controller")
 
@@ -92,7 +102,8 @@ class ReplicaEvent:
     replica: str
     """Replica id."""
     event: str
-    """``probation`` (out, to be probed), ``back`` (probe passed, routable again), ``quarantined``."""
+    """``probation`` (out, to be probed), ``restart`` (gone, being recreated), ``back`` (probe
+    passed or recreated: routable again, or asleep in its hybrid slot), ``quarantined``."""
     reason: str
     """The failure (or, for ``back``, how long it was out)."""
 
@@ -126,6 +137,10 @@ class Controller:
         probation_backoff_s: float = 1.0,
         probation_max_s: float = 60.0,
         max_probes: int = 5,
+        restart: ReplicaRestarter | None = None,
+        max_restarts: int = 0,
+        cycle: Callable[[], int] = lambda: 0,
+        on_replaced: Callable[[Replica, Replica], None] | None = None,
     ) -> None:
         """Create a controller in STANDALONE_ONLY (hybrid replicas asleep, not routable).
 
@@ -139,7 +154,11 @@ class Controller:
         :param sleep_level: level passed to ``Replica.sleep`` (1 offloads weights to CPU).
         :param probation_backoff_s: wait before a failed replica's first probe (seconds).
         :param probation_max_s: longest wait between probes (seconds; the backoff doubles up to it).
-        :param max_probes: failed probes in a row after which a replica is quarantined (count).
+        :param max_probes: failed probes in a row after which a replica is retired (count).
+        :param restart: recreates a retired replica (None: a retired replica is quarantined).
+        :param max_restarts: restart attempts per replica over the run (count; 0 = never restart).
+        :param cycle: the sync cycle in progress (1-based), for the restart records.
+        :param on_replaced: called with (old, new) when a recreated replica replaces the old one.
         """
         self.balancer = balancer
         """Routing table the hybrid replicas join on activation and leave on deactivation."""
@@ -186,6 +205,18 @@ class Controller:
         self.overhead_s = 0.0
         """Run-clock time of transitions not spent waiting on backend operations (seconds)."""
         self._standalone: list[Replica] = list(standalone)
+        self.restarts = RestartBudget(
+            max_restarts=max_restarts if restart is not None else 0,
+            backoff_s=probation_backoff_s,
+            max_backoff_s=probation_max_s,
+            now=now,
+            cycle=cycle,
+        )
+        """Restart attempts per replica and the record of every restart (``report.json``)."""
+        self._restart = restart
+        self._restarting: dict[str, asyncio.Task[None]] = {}
+        self._on_replaced = on_replaced
+        self._closed = False
         self._pm = pm
         self._now = now
         self._lock = asyncio.Lock()
@@ -208,9 +239,14 @@ class Controller:
         ]
 
     @property
+    def standalone(self) -> list[Replica]:
+        """The standalone replicas now (a recreated one in place of the one it replaced)."""
+        return list(self._standalone)
+
+    @property
     def probing(self) -> bool:
-        """True while a standalone replica on probation may still come back."""
-        return any(not t.done() for t in self._probes.values())
+        """True while a replica on probation or being recreated may still come back."""
+        return any(not t.done() for t in [*self._probes.values(), *self._restarting.values()])
 
     def _set(self, new: ControllerState) -> None:
         old = self.state
@@ -243,9 +279,11 @@ class Controller:
             self.quarantined[rid] = reason
             self.replica_events.append(ReplicaEvent(self._now(), rid, "quarantined", reason))
         self.probation.pop(rid, None)
-        probe = self._probes.pop(rid, None)
-        if probe is not None and probe is not asyncio.current_task():
-            probe.cancel()
+        self.restarts.given_up(rid)
+        for tasks in (self._probes, self._restarting):
+            task = tasks.pop(rid, None)
+            if task is not None and task is not asyncio.current_task():
+                task.cancel()
         if self.balancer.has_replica(rid):
             self.balancer.remove_replica(rid)
         self.balancer.evict(rid)
@@ -255,12 +293,11 @@ class Controller:
         """Take a failed replica out of routing, retry its stuck requests elsewhere, and put it
         on probation (see the module doc); a quarantined one stays quarantined."""
         rid = replica if isinstance(replica, str) else replica.replica_id
-        if rid in self.quarantined:
+        if rid in self.quarantined or rid in self._restarting:
             return
-        obj = next((r for r in [*self._standalone, *self.hybrid] if r.replica_id == rid), None)
-        lost = getattr(obj, "lost_reason", None)
+        lost = lost_reason(self._find(rid))
         if lost:  # e.g. a Ray actor that died: it can never pass a probe
-            self.quarantine(rid, f"{reason}; the replica is lost ({lost})")
+            self.retire(rid, f"{reason}; the replica is lost ({lost})")
             return
         if self.balancer.has_replica(rid):
             self.balancer.remove_replica(rid)
@@ -289,13 +326,7 @@ class Controller:
                 if not health.healthy:
                     raise RuntimeError(f"health probe says unhealthy: {health.detail or 'no detail'}")
                 await self.ops.one("pause", rid, replica.pause)
-                # Load the newest weights; a sync that happens meanwhile means loading again.
-                while True:
-                    update = self.last_update
-                    if update is not None:
-                        await self.ops.one("update_weights", rid, functools.partial(replica.update_weights, update))
-                    if update is self.last_update:
-                        break
+                await self._load_current(replica)
                 await self.ops.one("resume", rid, replica.resume)
             except asyncio.CancelledError:
                 raise
@@ -303,7 +334,7 @@ class Controller:
                 failed += 1
                 if failed >= self.max_probes:
                     self._probes.pop(rid, None)
-                    self.quarantine(rid, f"{failed} health probes failed, last: {exc}")
+                    self.retire(rid, f"{failed} health probes failed, last: {exc}")
                     return
                 backoff = min(self.probation_max_s, backoff * 2)
                 self.probation[rid] = self._now() + backoff
@@ -315,18 +346,129 @@ class Controller:
             self.balancer.add_replica(replica)
             return
 
+    async def _load_current(self, replica: Replica) -> None:
+        """Load the newest published weights into ``replica``; a sync meanwhile means loading again."""
+        while True:
+            update = self.last_update
+            if update is not None:
+                call = functools.partial(replica.update_weights, update)
+                await self.ops.one("update_weights", replica.replica_id, call)
+            if update is self.last_update:
+                return
+
+    # ---- Restarts ------------------------------------------------------------------------
+
+    def _find(self, rid: str) -> Replica | None:
+        """The replica with id ``rid`` now (standalone or hybrid), or None."""
+        return next((r for r in [*self._standalone, *self.hybrid] if r.replica_id == rid), None)
+
+    def retire(self, replica: Replica | str, reason: str) -> None:
+        """Take a replica out for good: recreate it when its restart budget allows, else quarantine it."""
+        rid = replica if isinstance(replica, str) else replica.replica_id
+        if rid in self.quarantined or rid in self._restarting:
+            return
+        old = self._find(rid)
+        if old is None or self._closed or self._restart is None or self.restarts.left(rid) == 0:
+            if self.restarts.max_restarts > 0 and not self._closed and self.restarts.left(rid) == 0:
+                reason += f"; its restart budget ({self.restarts.max_restarts}) is spent"
+            self.quarantine(rid, reason)
+            return
+        # Out of everything at once, so no late failure of its old requests reaches the new one.
+        if self.balancer.has_replica(rid):
+            self.balancer.remove_replica(rid)
+        self.balancer.evict(rid)
+        self.active = [r for r in self.active if r.replica_id != rid]
+        self.probation[rid] = float("inf")  # not a candidate for activation while it is rebuilt
+        probe = self._probes.pop(rid, None)
+        if probe is not None and probe is not asyncio.current_task():
+            probe.cancel()
+        logger.warning("replica %s is gone (%s); recreating it", rid, reason)
+        self.replica_events.append(ReplicaEvent(self._now(), rid, "restart", reason))
+        self.restarts.begin(rid, reason)
+        self._restarting[rid] = asyncio.get_running_loop().create_task(
+            self._recreate(old, reason, self._restart), name=f"dynres-restart-{rid}"
+        )
+
+    async def _recreate(self, old: Replica, reason: str, restart: ReplicaRestarter) -> None:
+        """Rebuild ``old`` until one passes its probe and returns, or the budget is spent."""
+        rid = old.replica_id
+        last = reason
+        while self.restarts.left(rid) > 0:
+            await asyncio.sleep(self.restarts.next_wait(rid))
+            try:
+                new = await self.ops.one("restart", rid, functools.partial(restart, old))
+                if new.replica_id != rid or new.kind != old.kind:
+                    raise BackendError(f"the restarter returned {new.replica_id!r} ({new.kind}) for {rid!r}")
+                health = await self.ops.one("health", rid, new.health)
+                if not health.healthy:
+                    raise BackendError(f"health probe says unhealthy: {health.detail or 'no detail'}")
+                self._replace(old, new)
+                old = new
+                await self._bring_back(new, sleeping=health.sleeping)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                last = f"{type(exc).__name__}: {exc}"
+                logger.warning("restart of replica %s failed: %s", rid, last)
+                continue
+            self._restarting.pop(rid, None)
+            self.probation.pop(rid, None)
+            seconds = self.restarts.returned(rid)
+            self.replica_events.append(ReplicaEvent(self._now(), rid, "back", f"recreated after {seconds:.3f} s"))
+            logger.warning("replica %s recreated and back after %.1f s", rid, seconds)
+            return
+        self._restarting.pop(rid, None)
+        self.quarantine(rid, f"{reason}; its restart budget ({self.restarts.max_restarts}) is spent, last: {last}")
+
+    def _replace(self, old: Replica, new: Replica) -> None:
+        """Put ``new`` in place of ``old`` in the replica lists and tell ``on_replaced``."""
+        self._standalone = [new if r is old else r for r in self._standalone]
+        self.hybrid = [new if r is old else r for r in self.hybrid]
+        if self._on_replaced is not None:
+            self._on_replaced(old, new)
+
+    async def _bring_back(self, new: Replica, *, sleeping: bool) -> None:
+        """Bring a recreated replica (``sleeping``: it started asleep) to the current weights and
+        back: into routing (standalone, or hybrid while the hybrid replicas are active), or asleep
+        in its hybrid slot."""
+        if new in self._standalone:
+            await self._join(new, sleeping=sleeping)
+            return
+        async with self._lock:  # no activation or deactivation meanwhile
+            if self.state is ControllerState.HYBRID_ACTIVE:
+                await self._join(new, sleeping=sleeping)
+                self.active.append(new)
+            elif not sleeping:  # the trainer holds the slot's memory: give the engine's back
+                await self.ops.one("sleep", new.replica_id, functools.partial(new.sleep, self.sleep_level))
+
+    async def _join(self, new: Replica, *, sleeping: bool) -> None:
+        """Load the current weights into ``new`` (woken the way an activation wakes a replica when
+        it started asleep) and route to it."""
+        rid = new.replica_id
+        if sleeping:
+            await self.ops.one("wake_up", rid, functools.partial(new.wake_up, ["weights"]))
+            await self._load_current(new)
+            await self.ops.one("wake_up", rid, functools.partial(new.wake_up, ["kv_cache"]))
+        else:
+            await self.ops.one("pause", rid, new.pause)
+            await self._load_current(new)
+        await self.ops.one("resume", rid, new.resume)
+        self.balancer.add_replica(new)
+
     async def close(self) -> None:
-        """Stop the probes of replicas on probation (end of run)."""
-        probes = list(self._probes.values())
+        """Stop the probes and restarts of replicas that are out (end of run; none starts after)."""
+        self._closed = True
+        tasks = [*self._probes.values(), *self._restarting.values()]
         self._probes.clear()
-        for t in probes:
+        self._restarting.clear()
+        for t in tasks:
             t.cancel()
-        await asyncio.gather(*probes, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     def on_replica_failure(self, replica_id: str, exc: BaseException) -> None:
         """Balancer callback: a replica raised during generation (already out of routing)."""
         self.ops.record_failure("generate", replica_id, f"{type(exc).__name__}: {exc}", timeout=False)
-        if replica_id in self.probation or replica_id in self.quarantined:
+        if replica_id in self.probation or replica_id in self.quarantined or replica_id in self._restarting:
             return  # another request saw the same failure first
         self.suspend(replica_id, f"generate failed: {type(exc).__name__}: {exc}")
 
@@ -372,7 +514,7 @@ class Controller:
                 _, bad_sleep = await self.ops.many("sleep", failed, lambda r: r.sleep(self.sleep_level))
                 waited += self._now() - ts
                 for r in bad_sleep:
-                    self.quarantine(r, "sleep failed after a failed activation")
+                    self.retire(r, "sleep failed after a failed activation")
             if not ok:
                 ts = self._now()
                 await self.ops.one("onload", "trainer", self.train_engine.onload)
@@ -413,13 +555,13 @@ class Controller:
             _, bad = await self.ops.many("abort", replicas, abort_and_drain)
             for r in bad:
                 # Its requests' state is unknown and each deactivation would wait op_timeout_s
-                # on it again: never use it again.
-                self.quarantine(r, "abort failed or hung during deactivation")
+                # on it again: recreate it, or never use it again.
+                self.retire(r, "abort failed or hung during deactivation")
             replicas = [r for r in replicas if r not in bad]
             _, bad_sleep = await self.ops.many("sleep", replicas, lambda r: r.sleep(self.sleep_level))
             waited += self._now() - ts
             for r in bad_sleep:
-                self.quarantine(r, "sleep failed during deactivation")
+                self.retire(r, "sleep failed during deactivation")
             self.active = []
             ts = self._now()
             try:
@@ -443,7 +585,7 @@ class Controller:
             _, bad = await self.ops.many("abort", targets, lambda r: self._abort_some(r, plan[r.replica_id]))
             waited = self._now() - ts
             for r in bad:
-                self.quarantine(r, "abort failed during rebalance")
+                self.retire(r, "abort failed during rebalance")
             self.rebalances += 1
             self.overhead_s += max(0.0, self._now() - t0 - waited)
             self._set(ControllerState.HYBRID_ACTIVE)

@@ -22,6 +22,11 @@ One sync cycle, in order (``g`` = global_steps before the cycle):
 6. The cycle's metrics (:func:`dynres.core.metrics.cycle_metrics`) are emitted through
    ``dynres_metrics_emitted``.
 
+Between steps 3 and 4 the run may write a checkpoint (``LoopWiring.checkpoint``): the trainer
+is idle and holds the weights just published, every train step of the cycle is in the ledger,
+and the policy has not yet been asked about the cycle, so a run resumed from it asks exactly
+the questions the original run asked next.
+
 Before the first cycle an initial weight sync (the same method, without a new version) publishes
 version 0 (or a checkpoint's) and steps 4-5 run once with ``global_steps = 0``, so an
 only-hybrid cluster can start generating. :meth:`TrainerLoop.cycle` runs the steps as short
@@ -43,6 +48,7 @@ from dynres.core.errors import BackendError
 from dynres.core.metrics import MicroStep, cycle_metrics, train_compute_time
 from dynres.runtime.loop.controller import Controller
 from dynres.runtime.loop.decisions import DecisionGuard, DecisionRecord
+from dynres.runtime.loop.ledger import LedgerWriter
 from dynres.runtime.loop.ops import OpRunner
 from dynres.runtime.loop.queue import MessageQueue
 from dynres.runtime.loop.report import CycleReport, batch_stats
@@ -84,6 +90,11 @@ class LoopWiring:
     """Plugin manager that receives ``dynres_metrics_emitted``."""
     now: Callable[[], float]
     """Run clock (seconds since the run started)."""
+    ledger: LedgerWriter | None = None
+    """Gets one line per trained sample after each train step (None: no ledger file)."""
+    checkpoint: Callable[[int], Awaitable[None]] | None = None
+    """Called with global_steps after each cycle's weight sync, before the policy's decisions
+    (the run writes a checkpoint when one is due); None: never."""
 
 
 @dataclass
@@ -250,6 +261,8 @@ class TrainerLoop:
         c.train_call_s += w.now() - ts
         c.train_step_times.append(w.now() - ts)
         c.trained.extend(batch)
+        if w.ledger is not None:
+            w.ledger.record(batch, w.tracker.global_steps + 1)
         c.train_metrics = dict(result.metrics)
         c.collections.append(
             _Collection(
@@ -304,7 +317,7 @@ class TrainerLoop:
             # running samples finish before the new weights arrive.
             w.rollouter.pause_admission()
             await w.rollouter.drain()
-        targets = [r for r in w.standalone if w.balancer.has_replica(r.replica_id)]
+        targets = [r for r in w.controller.standalone if w.balancer.has_replica(r.replica_id)]
         await w.controller.sync_weights(targets, update)
         self.last_update = update
         if reset:
@@ -445,6 +458,8 @@ class TrainerLoop:
         update = await self._sync()
         c.sync_s = w.now() - t_sync
         window = self._end_cycle(c)
+        if w.checkpoint is not None:
+            await w.checkpoint(w.tracker.global_steps)
         c.activated, c.rebalanced, c.moved = await self._decide(update, c.decisions)
         return self._report(c, window, decided_s=w.now())
 

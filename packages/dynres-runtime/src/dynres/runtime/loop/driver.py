@@ -16,7 +16,14 @@ A run that cannot finish its cycles (a train step that fails or hangs, a stall t
 names, a policy that raises ``SystemExit`` or ``KeyboardInterrupt``, a prompt source that breaks)
 drains the same way and raises :class:`~dynres.core.errors.RunAbortedError`, whose ``report``
 holds the cycles done and a checkpoint with every admitted, untrained sample. Replica faults do
-not end a run: the replica goes on probation (see :mod:`~dynres.runtime.loop.controller`).
+not end a run: the replica goes on probation, and one that is gone is recreated by
+``RunSpec.restart_replica`` while its budget lasts (see :mod:`~dynres.runtime.loop.controller`).
+
+With ``RunSpec.checkpoints`` and ``checkpoint_every`` the run writes a checkpoint to disk every
+that many cycles and after its last one (:class:`~dynres.runtime.loop.checkpoint.CheckpointStore`:
+the sample side, the train engine's state, the ledger's line count), and ``RunSpec.ledger`` gets
+one line per trained sample, so that a run killed at any moment resumes from its latest
+checkpoint with every admitted sample trained exactly once.
 
 Example::
 
@@ -39,19 +46,26 @@ from dynres.core import BoundPolicy, DynresConfig, Policy, get_plugin_manager
 from dynres.core.context import step_required_samples
 from dynres.core.errors import ConfigError, DynresError, RunAbortedError, RunStalledError, RuntimeStateError
 from dynres.runtime.loop.calibration import SwitchCalibration, run_switch_calibration
-from dynres.runtime.loop.checkpoint import CHECKPOINT_FORMAT, make_checkpoint, policy_state, restore_checkpoint
+from dynres.runtime.loop.checkpoint import (
+    CHECKPOINT_FORMAT,
+    CheckpointStore,
+    make_checkpoint,
+    policy_state,
+    restore_checkpoint,
+)
 from dynres.runtime.loop.clock import RunClock
 from dynres.runtime.loop.controller import Controller, ControllerState
 from dynres.runtime.loop.cycle import LoopWiring, StopRun, TrainerLoop, maybe_await
 from dynres.runtime.loop.decisions import DecisionGuard, DecisionRecord, PolicyInterrupted
 from dynres.runtime.loop.gc_control import run_gc_control
+from dynres.runtime.loop.ledger import LedgerWriter
 from dynres.runtime.loop.ops import OpRunner
 from dynres.runtime.loop.queue import MessageQueue
 from dynres.runtime.loop.report import CycleReport, OperationTimings, RunReport, SampleCounters
 from dynres.runtime.loop.rollouter import PromptSource, Rollouter
 from dynres.runtime.loop.routing import LoadBalancer
 from dynres.runtime.loop.tracker import RunTracker
-from dynres.runtime.protocols import Replica, TrainEngine
+from dynres.runtime.protocols import Replica, ReplicaRestarter, TrainEngine
 from dynres.runtime.samples import PromptGroup, Sample
 
 logger = logging.getLogger("dynres.runtime.loop.driver")
@@ -134,6 +148,18 @@ class RunSpec:
     trainer_loop: Callable[..., TrainerLoop] = TrainerLoop
     """Builds the trainer loop from the wiring and :class:`TrainerLoop`'s keyword arguments; a
     simulation hosted by verl's trainer order passes its own (:mod:`dynres.runtime.sim.verl_host`)."""
+    restart_replica: ReplicaRestarter | None = None
+    """Recreates a replica that is gone (None: a gone replica is quarantined for the rest of the run)."""
+    max_restarts: int = 3
+    """Restart attempts per replica over the run, each after a backoff of ``probation_backoff_s``
+    doubling up to ``probation_max_s``; then it is quarantined (count; 0 = never restart)."""
+    checkpoints: CheckpointStore | None = None
+    """Where periodic checkpoints go (None: none is written; ``checkpoint()`` still works)."""
+    checkpoint_every: int = 0
+    """Write a checkpoint every this many cycles (global_steps a multiple of it) and after the run's
+    last cycle (count; 0 = never; needs ``checkpoints``)."""
+    ledger: LedgerWriter | None = None
+    """Gets one line per trained sample (None: no ledger)."""
 
     def __post_init__(self) -> None:
         """Check the spec's consistency; raise ConfigError naming the field and the fix."""
@@ -164,6 +190,10 @@ class RunSpec:
             raise ConfigError("RunSpec.probation_backoff_s must be > 0 and probation_max_s >= it (seconds)")
         if self.max_probes < 1:
             raise ConfigError(f"RunSpec.max_probes must be >= 1, got {self.max_probes}")
+        if self.max_restarts < 0 or self.checkpoint_every < 0:
+            raise ConfigError("RunSpec.max_restarts and checkpoint_every must be >= 0 (0 = off)")
+        if self.checkpoint_every and self.checkpoints is None:
+            raise ConfigError("RunSpec.checkpoint_every is set but checkpoints is None; give a CheckpointStore")
         if self.calibration_switches < 0:
             raise ConfigError(
                 f"RunSpec.calibration_switches must be >= 0 round trips (0 = off), got {self.calibration_switches}"
@@ -227,6 +257,7 @@ class FullyAsyncRun:
         self.switch_calibration = None
         self.interrupted_report = None
         self._started = False
+        self._dropped_before: list[str] = list((spec.resume_from or {}).get("dropped", []))
 
     def _wire_sample_path(self) -> None:
         """The balancer, the message queue and the rollouter: prompts -> requests -> samples."""
@@ -276,6 +307,10 @@ class FullyAsyncRun:
             probation_backoff_s=spec.probation_backoff_s,
             probation_max_s=spec.probation_max_s,
             max_probes=spec.max_probes,
+            restart=spec.restart_replica,
+            max_restarts=spec.max_restarts,
+            cycle=lambda: self.tracker.global_steps + 1,
+            on_replaced=lambda old, new: self.tracker.replace_replica(old, new),
         )
         self.guard = DecisionGuard(self.policy, timeout_s=spec.policy_timeout_s, now=now)
 
@@ -310,6 +345,8 @@ class FullyAsyncRun:
             ops=self.ops,
             pm=self.policy.pm,
             now=now,
+            ledger=spec.ledger,
+            checkpoint=self._periodic_checkpoint if spec.checkpoints is not None and spec.checkpoint_every else None,
         )
         self.trainer = spec.trainer_loop(
             wiring,
@@ -562,7 +599,31 @@ class FullyAsyncRun:
         """
         if not self._started:
             raise RuntimeStateError("checkpoint() needs a started run; call run() first")
-        return make_checkpoint(self.policy, self.tracker, self.trainer, self.queue, self.rollouter)
+        return make_checkpoint(
+            self.policy, self.tracker, self.trainer, self.queue, self.rollouter, dropped_before=self._dropped_before
+        )
+
+    async def _periodic_checkpoint(self, step: int) -> None:
+        """After cycle ``step``'s weight sync: write a checkpoint to disk when one is due.
+
+        A checkpoint that cannot be written is an operation failure in the report (and a warning),
+        not the end of the run: the previous one stays the latest.
+        """
+        spec = self.spec
+        store = spec.checkpoints
+        if store is None or not (step % spec.checkpoint_every == 0 or step >= self.tracker.total_steps):
+            return
+        try:
+            state = self.checkpoint()
+        except DynresError as exc:  # the policy's state_dict
+            self.ops.record_failure("checkpoint", "run", str(exc), timeout=False)
+            return
+        if spec.ledger is not None:
+            state.update(segment=spec.ledger.segment, ledger_lines=spec.ledger.lines)
+        try:
+            await self.ops.one("checkpoint", "trainer", lambda: store.save(step, state, spec.train_engine))
+        except DynresError as exc:
+            logger.error("checkpoint at cycle %d not written: %s", step, exc)
 
     def _report(
         self,
@@ -610,6 +671,7 @@ class FullyAsyncRun:
             policy_fallbacks=self.guard.fallbacks,
             op_failures=list(self.ops.failures),
             quarantined=dict(self.controller.quarantined),
+            replica_restarts=list(self.controller.restarts.records),
             replica_events=list(self.controller.replica_events),
             failed_samples=list(self.rollouter.failed_ids),
             final_state=self.controller.state.value,

@@ -5,13 +5,20 @@ question of a finished (or failed, or checkpointed) run: was every sample the pr
 out trained exactly once, or still held by the run, or dropped as too stale? The answer needs ids
 gathered from outside the run (the prompt source, the train engine) plus what the run still holds,
 which :func:`held_sample_ids` reads.
+
+A real run also writes its trained ids down as it goes: :class:`LedgerWriter` appends one line
+per trained sample to ``ledger.jsonl`` (``sample_id``, ``cycle``, ``weight_version``, ``segment``),
+so that the question can be asked of a run folder after a crash and a resume
+(:func:`read_ledger`).
 """
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -72,3 +79,75 @@ class SampleLedger:
         if unknown := self.unknown:
             out.append(f"{len(unknown)} trained sample(s) never admitted, e.g. {unknown[:3]}")
         return out
+
+
+LEDGER_FILE = "ledger.jsonl"
+"""Name of a run folder's ledger: one JSON line per trained sample."""
+
+
+class LedgerWriter:
+    """Appends one line per trained sample to a ledger file, flushed after every train step.
+
+    A line is ``{"sample_id", "cycle", "weight_version", "segment"}``: the sample, the sync cycle
+    that trained it (1-based, over all segments), the newest weight version its responses were
+    generated with, and the run segment (0 for a fresh run, one more for each resume). A resumed
+    run keeps only the lines its checkpoint counted (``keep_lines``): the lines after them belong
+    to training that died with the process, and those samples are trained again.
+    """
+
+    def __init__(self, path: str | Path, *, segment: int = 0, keep_lines: int | None = None) -> None:
+        """Open ``path`` for appending (a fresh run starts it empty; ``keep_lines``: keep that many)."""
+        self.path = Path(path)
+        """The ledger file."""
+        self.segment = segment
+        """Run segment written on every line (count of resumes before this run)."""
+        kept: list[str] = []
+        if keep_lines is not None and self.path.exists():
+            kept = self.path.read_text(encoding="utf-8").splitlines()
+        self.rolled_back = max(0, len(kept) - (keep_lines or 0))
+        """Lines dropped at a resume because their training was lost (count)."""
+        kept = kept[: keep_lines or 0]
+        self.path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+        self.lines = len(kept)
+        """Lines in the file (count): what a checkpoint written now records."""
+        self._fh = self.path.open("a", encoding="utf-8")
+
+    def record(self, samples: Sequence[Any], cycle: int) -> None:
+        """One line per sample of a train step of sync cycle ``cycle`` (written and flushed now)."""
+        out = "".join(
+            json.dumps(
+                {
+                    "sample_id": s.sample_id,
+                    "cycle": cycle,
+                    "weight_version": s.finish_version,
+                    "segment": self.segment,
+                }
+            )
+            + "\n"
+            for s in samples
+        )
+        self._fh.write(out)
+        self._fh.flush()
+        self.lines += len(samples)
+
+    def close(self) -> None:
+        """Close the file (every line written so far stays)."""
+        self._fh.close()
+
+
+def read_ledger(path: str | Path) -> list[dict[str, Any]]:
+    """The lines of a ledger file, in order (an empty list when there is none; a partial last line,
+    which a process killed while writing leaves, is skipped)."""
+    p = Path(path)
+    if not p.exists():
+        return []
+    lines = [line for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
+    out = []
+    for i, line in enumerate(lines):
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            if i == len(lines) - 1:  # a process killed mid-write leaves a partial last line
+                break
+            raise
+    return out

@@ -19,6 +19,7 @@ from dynres.runtime.loop.calibration import SwitchCalibration
 from dynres.runtime.loop.controller import ReplicaEvent, StateChange
 from dynres.runtime.loop.decisions import DecisionRecord
 from dynres.runtime.loop.ops import OpFailure, OpStat
+from dynres.runtime.loop.restarts import ReplicaRestart
 
 
 @dataclass
@@ -276,6 +277,9 @@ class RunReport:
     sleep of hybrid replicas that started awake; not a cycle switch, not in ``operations``; None
     when it did nothing. Older report.json files call it ``startup_probe``
     (:data:`~dynres.runtime.renamed_keys.RENAMED_REPORT_KEYS`)."""
+    replica_restarts: list[ReplicaRestart] = field(default_factory=list)
+    """Every replica that went away and was recreated (or given up on), in order: its id, the
+    cause, the cycle in progress, the seconds until it was back (None: it did not come back)."""
 
     def to_dict(self) -> dict[str, Any]:
         """The report as plain JSON-serialisable data."""

@@ -115,6 +115,7 @@ class RunTracker:
         self._hybrid_s = 0.0
         self._hybrid_generated = 0
         self._replicas = (tuple(standalone), tuple(hybrid))
+        self._retired_tokens = (0, 0)  # tokens of replicas that recreated ones replaced
         self._tokens_at_cycle_start = self._tokens()
         self.queue = queue
         self.rollouter = rollouter
@@ -130,8 +131,19 @@ class RunTracker:
     def _tokens(self) -> tuple[int, int]:
         """Tokens the (standalone, hybrid) replicas have counted so far (tokens; 0 where none counts)."""
         return (
-            sum(generated_tokens(r) or 0 for r in self._replicas[0]),
-            sum(generated_tokens(r) or 0 for r in self._replicas[1]),
+            self._retired_tokens[0] + sum(generated_tokens(r) or 0 for r in self._replicas[0]),
+            self._retired_tokens[1] + sum(generated_tokens(r) or 0 for r in self._replicas[1]),
+        )
+
+    def replace_replica(self, old: Replica, new: Replica) -> None:
+        """A recreated replica took ``old``'s place: count its tokens from now on, keep ``old``'s."""
+        self._retired_tokens = tuple(
+            t + ((generated_tokens(old) or 0) if old in group else 0)
+            for t, group in zip(self._retired_tokens, self._replicas, strict=True)
+        )
+        self._replicas = (
+            tuple(new if r is old else r for r in self._replicas[0]),
+            tuple(new if r is old else r for r in self._replicas[1]),
         )
 
     def hybrid_started(self) -> None:

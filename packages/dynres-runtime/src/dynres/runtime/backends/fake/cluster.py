@@ -87,6 +87,18 @@ class FakeCluster:
             log=self.log,
         )
         """The fake train engine, logging into the same op log as the replicas."""
+        self.retired: list[FakeReplica] = []
+        """Replicas :meth:`restart` replaced, in order (their violations still count)."""
+        self._kw = kw
+
+    async def restart(self, old: Any) -> FakeReplica:
+        """A :data:`~dynres.runtime.protocols.ReplicaRestarter`: a fresh replica with ``old``'s id,
+        kind and arguments (a hybrid one starts asleep), in ``old``'s place in this cluster."""
+        new = FakeReplica(old.replica_id, old.kind, **self._kw)
+        for pool in (self.standalone, self.hybrid):
+            pool[:] = [new if r is old else r for r in pool]
+        self.retired.append(old)
+        return new
 
     @property
     def replicas(self) -> list[FakeReplica]:
@@ -95,4 +107,4 @@ class FakeCluster:
 
     def violations(self) -> list[str]:
         """Every lifecycle violation recorded by any fake (must be empty)."""
-        return [v for r in self.replicas for v in r.violations] + self.engine.violations
+        return [v for r in [*self.replicas, *self.retired] for v in r.violations] + self.engine.violations

@@ -31,7 +31,15 @@ REPLICA_OPS: tuple[str, ...] = (
 )
 """Operations of a fake replica that accept a latency, a failure or a hang."""
 
-TRAIN_OPS: tuple[str, ...] = ("train_step", "offload", "onload", "export_weights", "shutdown")
+TRAIN_OPS: tuple[str, ...] = (
+    "train_step",
+    "offload",
+    "onload",
+    "export_weights",
+    "save_state",
+    "load_state",
+    "shutdown",
+)
 """Operations of a fake train engine that accept a latency, a failure or a hang."""
 
 

@@ -243,6 +243,8 @@ class FakeReplica(FaultsMixin):
         """No tokens are scheduled (a sleeping replica stays paused until resume())."""
         self.dead = False
         """The replica died (every call raises)."""
+        self.lost_reason: str | None = None
+        """Why it is gone for good (set by :meth:`lose`, as a Ray proxy sets it for a dead actor)."""
         self.weight_version = 0
         """Version of the loaded weights (-1 after sleep level 2 discarded them)."""
         self.completed: list[str] = []
@@ -272,6 +274,12 @@ class FakeReplica(FaultsMixin):
         self.dead = True
         for g in list(self._gens.values()):
             g.wake()
+
+    def lose(self, reason: str = "its process was killed") -> None:
+        """Die now and be gone for good: as :meth:`kill`, and ``lost_reason`` says why, so the
+        controller recreates it at once instead of probing it."""
+        self.lost_reason = reason
+        self.kill()
 
     def advance(self, request_id: str, tokens: int = 1) -> None:
         """Manual mode: give ``request_id`` ``tokens`` more tokens (finishes it at its length)."""

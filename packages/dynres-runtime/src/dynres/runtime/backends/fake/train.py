@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
+from dynres.core.errors import BackendError
 from dynres.runtime.backends.fake.faults import TRAIN_OPS, FaultsMixin, OpRecord, fault_map, latency_map
 from dynres.runtime.protocols import OperationCosts, TrainStepResult, WeightUpdate
+
+
+FAKE_STATE_FILE = "state.json"
+"""File the fake train engine's ``save_state`` writes (its counters)."""
 
 
 class FakeTrainEngine(FaultsMixin):
@@ -97,6 +104,23 @@ class FakeTrainEngine(FaultsMixin):
         self.exports += 1
         self._record("export_weights", "end", f"version={self.exports}")
         return WeightUpdate(version=self.exports, nbytes=self.weights_nbytes)
+
+    async def save_state(self, path: str) -> None:
+        """Write the step and export counters (the fake's weights and optimizer) to ``path/state.json``."""
+        await self._enter("save_state", path)
+        state = {"steps": self.steps, "exports": self.exports}
+        (Path(path) / FAKE_STATE_FILE).write_text(json.dumps(state), encoding="utf-8")
+        self._record("save_state", "end", f"step={self.steps}")
+
+    async def load_state(self, path: str) -> None:
+        """Load the counters :meth:`save_state` wrote; BackendError when ``path`` has none."""
+        await self._enter("load_state", path)
+        try:
+            state = json.loads((Path(path) / FAKE_STATE_FILE).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise BackendError(f"FakeTrainEngine: no state to load in {path} ({exc})") from exc
+        self.steps, self.exports = int(state["steps"]), int(state["exports"])
+        self._record("load_state", "end", f"step={self.steps}")
 
     def costs(self) -> OperationCosts:
         """The configured latencies as cost estimates (seconds)."""
