@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/policy_bench.py [--seeds N] [--jobs J] [--scenario NAME ...]
         [--policies default,static_fully_async,fixed_ratio,predictive] [--json FILE] [--headroom]
+        [--sample N --sample-seed S]
 
 Each preset runs with dynamic scheduling switched on (``use_dynamic_resource_scheduling:
 true``), so that a static preset is the same cluster with hybrid replicas available; presets
@@ -26,6 +27,16 @@ own column; every entry is built once before any run, so a bad name or param sto
 once. ``--headroom`` adds, per scenario, the best mean of every configuration run, chosen in
 hindsight, and that choice's geomean against ``default``: what a policy able to pick the best of
 those configurations for each scenario in advance would reach (no single policy does).
+
+``--sample N --sample-seed S`` runs over N scenarios drawn by ``dynres scenario sample --seed S``
+(``dynres.runtime.sim.sampling``) instead of the presets. Tune on the development draws
+(``--sample-seed 1``); report on the reporting draws (``--sample-seed 1000``), which no change to a
+policy may be tuned on (docs/simulator.md). The last line is the summary
+
+    geomean_vs_default=<f> hindsight_geomean_vs_default=<f> worst_regret_pct=<f> over_1pct=<int> scenarios=<int>
+
+``predictive``'s geomean against ``default``, the hindsight best's (over every configuration run),
+its worst regret in percent and the scenarios where its regret exceeds +1%.
 """
 
 from __future__ import annotations
@@ -95,8 +106,8 @@ def check_policy(spec: str) -> None:
         raise SystemExit(f"policy_bench: policy {spec!r}: {exc}") from None
 
 
-def run_one(job: tuple[str, str, int]) -> dict[str, Any]:
-    """Simulate one (scenario, policy spec, seed); return its headline numbers."""
+def run_one(job: tuple[str | dict[str, Any], str, int]) -> dict[str, Any]:
+    """Simulate one (scenario: a name, file or drawn mapping; policy spec; seed); return its headline numbers."""
     from dynres.runtime.sim import simulate
 
     scenario, spec, seed = job
@@ -105,7 +116,7 @@ def run_one(job: tuple[str, str, int]) -> dict[str, Any]:
     overrides.update({f"async_training.dynamic_schedule_policy_params.{k}": v for k, v in params.items()})
     r = simulate(scenario, policy=policy, seed=seed, overrides=overrides)
     return {
-        "scenario": scenario,
+        "scenario": scenario["name"] if isinstance(scenario, dict) else scenario,
         "policy": spec,
         "seed": seed,
         "end_to_end_s": r.end_to_end_s,
@@ -211,6 +222,19 @@ def print_report(summary: dict[str, Any], policies: list[str], seeds: int) -> No
         )
 
 
+def summary_line(summary: dict[str, Any], policies: list[str]) -> str:
+    """The closing key=value line: predictive's geomean and regrets, the hindsight best's geomean."""
+    table = summary["table"]
+    room = headroom(summary, policies)
+    geo = summary["geomean_vs"].get("default", {}).get("predictive", math.nan)
+    regrets = [row["predictive"]["regret"] for row in table.values()] if "predictive" in policies else [math.nan]
+    over = sum(r > REGRET_LIMIT - 1.0 for r in regrets)
+    return (
+        f"geomean_vs_default={geo:.4f} hindsight_geomean_vs_default={room['geomean_vs_default']:.4f} "
+        f"worst_regret_pct={max(regrets) * 100:.3f} over_1pct={over} scenarios={len(table)}"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parse arguments, run everything, print the report."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -226,19 +250,33 @@ def main(argv: list[str] | None = None) -> int:
         "--headroom", action="store_true", help="also print the best configuration per scenario, chosen in hindsight"
     )
     ap.add_argument("--json", help="also write the per-run rows and the summary to this file")
+    ap.add_argument("--sample", type=int, metavar="N", help="run N drawn scenarios instead of the presets")
+    ap.add_argument(
+        "--sample-seed", type=int, metavar="S", help="the draw's seed (1: development draws, 1000: reporting draws)"
+    )
     args = ap.parse_args(argv)
     if args.seeds < 1 or args.jobs < 1:
         ap.error("--seeds and --jobs must be >= 1")
+    if (args.sample is None) != (args.sample_seed is None):
+        ap.error("--sample N and --sample-seed S go together")
+    if args.sample is not None and args.scenario:
+        ap.error("--sample replaces the presets; give it or --scenario, not both")
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     for pol in policies:
         check_policy(pol)  # a malformed entry, unknown policy or bad param stops here, before any run
-    names = scenarios(args.scenario)
+    names: list[str | dict[str, Any]]
+    if args.sample is not None:
+        from dynres.runtime.sim.sampling import sample_scenarios
+
+        names = [sc for sc, _ in sample_scenarios(args.sample_seed, args.sample)]
+    else:
+        names = list(scenarios(args.scenario))
     jobs = [(sc, pol, seed) for sc in names for pol in policies for seed in range(args.seeds)]
     if args.jobs == 1:
         rows = []
         for job in jobs:
             rows.append(run_one(job))
-            print(f"# {job[0]} {job[1]} seed {job[2]}: {rows[-1]['end_to_end_s']:.0f} s", file=sys.stderr)
+            print(f"# {rows[-1]['scenario']} {job[1]} seed {job[2]}: {rows[-1]['end_to_end_s']:.0f} s", file=sys.stderr)
     else:
         with ProcessPoolExecutor(args.jobs) as pool:
             rows = list(pool.map(run_one, jobs))
@@ -250,6 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump({"rows": rows, **summary}, fh, indent=2)
+    print(summary_line(summary, policies))
     return 0
 
 

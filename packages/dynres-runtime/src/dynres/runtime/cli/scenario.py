@@ -209,3 +209,27 @@ def _print_comparison(cmp: Any, console: Any) -> None:
         console.print(f"{len(fit.missing)} metric(s) missing, defaults used (see `dynres scenario fit`):")
         for m in fit.missing:
             console.print(f"  - {m}")
+
+
+@command.command(name="sample", short_help="Write scenarios drawn from the simulator's workload space.")
+@click.option("--seed", type=int, required=True, help="Seed of the draw: the same seed writes the same files.")
+@click.option("--count", type=int, required=True, help="Scenarios to write (count, >= 1).")
+@click.option("--out", "out", required=True, metavar="DIR", help="Folder to write sample-<seed>-<i>.yaml into.")
+def sample_command(seed: int, count: int, out: str) -> None:
+    """Write COUNT scenario files drawn with SEED into DIR (docs/simulator.md: the distribution).
+
+    Each is physically coherent: model size, GPUs, tensor parallelism, decode and train speed, and
+    switch and sync costs all follow from one draw of a model and a cluster, which the file's
+    header names. Example:
+
+        dynres scenario sample --seed 100 --count 60 --out draws/report
+    """
+    from dynres.runtime.cli.paths import check_output_dir
+    from dynres.runtime.sim.sampling import sample_scenarios, write_samples
+
+    list(sample_scenarios(seed, 1))  # a bad --seed or --count fails before the folder is made
+    if count < 1:
+        raise click.BadParameter("must be >= 1", param_hint="--count")
+    check_output_dir(Path(out), "--out")
+    paths = write_samples(seed, count, Path(out))
+    click.echo(f"wrote {len(paths)} scenarios to {out} ({paths[0].name} .. {paths[-1].name})")
