@@ -30,6 +30,8 @@ class RandomPolicy(Policy):
 
         seed: int = 0
 
+    params: Params
+
     def __init__(self, params: Any = None) -> None:
         """Seed the generator."""
         super().__init__(params)

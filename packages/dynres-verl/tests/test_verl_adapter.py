@@ -76,7 +76,12 @@ def test_bad_params_are_one_line_errors(monkeypatch, value, error, words):
 def test_verls_context_becomes_a_schedule_context(monkeypatch):
     seen: list[ScheduleContext] = []
     pol = schedule_module().build_policy("dynres:default", deactivate_ratio=0.3, only_hybrid=False)
-    monkeypatch.setattr(pol.policy, "should_activate_after_step", lambda ctx: seen.append(ctx) or True)
+
+    def activate(ctx: ScheduleContext) -> bool:
+        seen.append(ctx)
+        return True
+
+    monkeypatch.setattr(pol.policy, "should_activate_after_step", activate)
     ctx = verl_ctx(
         total_generated_samples=50,
         expected_samples=40,
@@ -193,7 +198,12 @@ def test_a_hung_policy_is_not_called_again_once_calls_pile_up(monkeypatch):
     pol = schedule_module().build_policy("dynres:default", deactivate_ratio=0.3)
     pol.guard.timeout_s = 0.05
     calls = []
-    monkeypatch.setattr(pol.policy, "should_activate_after_step", lambda ctx: calls.append(1) or release.wait())
+
+    def hang(ctx: ScheduleContext) -> bool:
+        calls.append(1)
+        return release.wait()
+
+    monkeypatch.setattr(pol.policy, "should_activate_after_step", hang)
     try:
         answers = [pol.should_activate_after_step(1, False, verl_ctx()) for _ in range(6)]
     finally:

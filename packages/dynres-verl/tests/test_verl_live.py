@@ -79,9 +79,16 @@ def scripted(monkeypatch):
     pol.reader.use_clock(clock)
     rollouter = Rollouter()
     pol._rollouter = rollouter
+
+    def recording(method: str, real: Any) -> Any:
+        def call(ctx: ScheduleContext) -> Any:
+            seen[method] = ctx
+            return real(ctx)
+
+        return call
+
     for method in ("should_deactivate", "deactivate_wait_samples", "should_activate_after_step", "update_after_step"):
-        real = getattr(pol.policy, method)
-        monkeypatch.setattr(pol.policy, method, lambda ctx, m=method, real=real: seen.__setitem__(m, ctx) or real(ctx))
+        monkeypatch.setattr(pol.policy, method, recording(method, getattr(pol.policy, method)))
     ctx = verl_ctx()
     t0 = clock.t
     # Start-up (verl's "param sync before fit"): activation question, a 5 s sync, a 3 s activation.

@@ -101,6 +101,6 @@ def test_estimate_changes_where_verls_changes():
 
 
 def test_documented_differences_are_in_the_docstrings():
-    assert "below zero" in DefaultPolicy.__doc__
-    assert "only-hybrid cluster activates" in StaticFullyAsyncPolicy.__doc__
+    assert "below zero" in (DefaultPolicy.__doc__ or "")
+    assert "only-hybrid cluster activates" in (StaticFullyAsyncPolicy.__doc__ or "")
     assert set(DOCUMENTED) == {"ratio_floor", "static_only_hybrid"}

@@ -21,7 +21,8 @@ def ctx(**kw) -> ScheduleContext:
 
 def test_the_hook_answers_verl_names_only():
     cls = dynres_resolve_policy(name="verl:default")
-    assert issubclass(cls, VerlPolicy) and cls.name == "verl_default" and cls.verl_name == "default"
+    assert cls is not None and issubclass(cls, VerlPolicy)
+    assert cls.name == "verl_default" and cls.verl_name == "default"
     assert dynres_resolve_policy(name="default") is None
     assert dynres_resolve_policy(name="pkg.mod:Cls") is None
 
