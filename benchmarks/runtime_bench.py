@@ -24,6 +24,7 @@ import random
 import statistics
 import sys
 import time
+from typing import Any
 
 from dynres.runtime.backends.fake import FakeReplica, FakeTrainEngine
 from dynres.runtime.loop.controller import Controller
@@ -94,7 +95,7 @@ async def lag_during_deactivation(
     run does.
     """
     lat = {op: OP_LATENCY_S for op in ("abort", "sleep", "wake_up", "update_weights", "resume", "pause")}
-    kw = {"tokens_per_s": 20.0, "response_tokens": 1000, "log_generate": False}
+    kw: dict[str, Any] = {"tokens_per_s": 20.0, "response_tokens": 1000, "log_generate": False}
     standalone = [FakeReplica(f"s{i}", latency=lat, **kw) for i in range(n_standalone)]
     hybrid = [FakeReplica(f"h{i}", "hybrid", latency=lat, **kw) for i in range(n_hybrid)]
     engine = FakeTrainEngine(latency=OP_LATENCY_S)

@@ -171,8 +171,9 @@ class IterationProbe:
                 probe._gc.append(time.thread_time() - probe._gc_t0)
                 probe._gc_gens.append(info["generation"])
 
-        loop._run_once = timed_run_once  # type: ignore[attr-defined]
-        asyncio.events.Handle._run = timed_handle_run  # type: ignore[method-assign]
+        # Profiling patches of asyncio's private internals (its stubs declare neither as assignable).
+        loop._run_once = timed_run_once  # type: ignore[attr-defined]  # private BaseEventLoop method
+        asyncio.events.Handle._run = timed_handle_run  # type: ignore[method-assign,assignment]  # replaces a method
         gc.callbacks.append(on_gc)
 
     def window(self) -> list[dict[str, Any]]:
@@ -438,7 +439,9 @@ def main() -> int:
     ap.add_argument("--child-sim", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        print(json.dumps(child_size(*args.child, routing=not args.no_routing, probe_ms=args.probe_ms)))
+        n_standalone, n_hybrid, in_flight = args.child
+        result = child_size(n_standalone, n_hybrid, in_flight, routing=not args.no_routing, probe_ms=args.probe_ms)
+        print(json.dumps(result))
         return 0
     if args.child_sim:
         print(json.dumps(child_sim()))
@@ -454,7 +457,7 @@ def main() -> int:
     )
     print(head)
     print("-" * len(head))
-    sizes = SIZES[:1] if args.quick else SIZES
+    sizes: tuple[tuple[int, int], ...] = SIZES[:1] if args.quick else SIZES
     if args.size:
         wanted = {tuple(int(x) for x in sz.split("+")) for sz in args.size}
         sizes = tuple(sz for sz in SIZES if sz in wanted)

@@ -124,13 +124,13 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     runs = []
     order = rounds(policies, args.repeats)
-    for r, round_policies in enumerate(order):
+    for rnd, round_policies in enumerate(order):
         for policy in round_policies:
-            print(f"round {r + 1}/{len(order)}: running {policy} ...", file=sys.stderr, flush=True)
+            print(f"round {rnd + 1}/{len(order)}: running {policy} ...", file=sys.stderr, flush=True)
             # One folder per round (as fidelity_bench lays them out): a later round must not
             # overwrite the metrics and report of an earlier one.
-            round_out = out / f"rep{r}" if args.repeats > 1 else out
-            runs.append({**run_one(args.config, policy, args.steps, round_out), "round": r})
+            round_out = out / f"rep{rnd}" if args.repeats > 1 else out
+            runs.append({**run_one(args.config, policy, args.steps, round_out), "round": rnd})
     if args.json:
         print(json.dumps(runs, indent=2))
         return 0
