@@ -161,6 +161,7 @@ class TrackingConfig(StrictModel):
 
     logger: list[str] = Field(
         default_factory=lambda: ["console"],
+        json_schema_extra={"default": ["console"]},
         description="Tracking backends that receive every sync cycle's metrics, as in verl's trainer.logger: "
         f"{TRACKING_BACKENDS_HINT}, or one a `dynres.plugins` package adds (a single name is read as a list).",
     )

@@ -145,22 +145,9 @@ class _CycleLines:
         self.progress, self.task = _progress(err, total, disabled=quiet)
 
     def on_cycle(self, cycle: Any, rec: dict[str, Any]) -> None:
-        """Print finished ``cycle`` with its JSONL record's utilization, queue size and reward."""
-        from dynres.runtime.realrun import reward_key
-
-        rk = reward_key(rec)
-        reward = f" reward {rec[rk]:.3f}" if rk else ""
-        hybrid = ("A" if cycle.activated else "-") + ("D" if cycle.deactivated else "-")
-        line = (
-            f"cycle {cycle.step:>3}/{self.total} {cycle.duration_s:6.2f} s  hybrid {hybrid}  "
-            f"util {rec.get('dynamic_resource/resource_utilization', 0.0):.2f}  "
-            f"mq {int(rec.get('dynamic_resource/mq_size', 0))}{reward}"
-        )
+        """Move the bar to finished ``cycle`` (its line comes from the ``console`` tracking backend)."""
         if self.progress is not None:
-            self.progress.console.print(line)
             self.progress.update(self.task, completed=cycle.step)
-        else:
-            self.err.print(line)
 
     def on_status(self, status: dict[str, Any]) -> None:
         """Show the run's live state, queue size and in-flight requests next to the bar."""
@@ -187,6 +174,8 @@ def _execute_with_progress(plan: Any, err: Any, *, quiet: bool) -> Any:
                 on_status=lines.on_status,
                 plots=plan.plots,
                 plot_dir=plan.plot_dir,
+                tracking=plan.tracking,
+                on_tracking_problem=lambda line: err.print(f"warning: {line}"),
             )
     except KeyboardInterrupt as exc:
         stopped = getattr(getattr(exc, "outcome", None), "report", None)

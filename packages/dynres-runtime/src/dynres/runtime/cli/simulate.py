@@ -140,25 +140,30 @@ def _progress_observer(err: Any, progress: Any) -> Any:
     return Bars()
 
 
-def _simulate_with_progress(plan: Any, *, quiet: bool) -> Any:
-    """Simulate ``plan`` with a progress bar per run on stderr (when it is a terminal and not quiet)."""
+def _simulate_with_progress(plan: Any, *, quiet: bool, json_dest: str | None, tracking_dir: Path | None) -> Any:
+    """Simulate ``plan`` with a progress bar per run on stderr (when it is a terminal and not quiet),
+    tracking each run with the backends its trainer.logger names."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from dynres.runtime.sim.comparison import simulate_plan
+    from dynres.runtime.sim.comparison import ObserverGroup, TrackingObserver, simulate_plan
 
     err = Console(stderr=True)
-    with Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("steps, {task.fields[sim_h]} simulated"),
-        TimeElapsedColumn(),
-        console=err,
-        disable=quiet or not err.is_terminal,
-        transient=False,
-    ) as progress:
-        return simulate_plan(plan, _progress_observer(err, progress))
+    tracking = TrackingObserver(plan, tracking_dir or Path("."), warn=lambda line: err.print(f"warning: {line}"))
+    try:
+        with Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("steps, {task.fields[sim_h]} simulated"),
+            TimeElapsedColumn(),
+            console=err,
+            disable=quiet or not err.is_terminal,
+            transient=False,
+        ) as progress:
+            return simulate_plan(plan, ObserverGroup(tracking, _progress_observer(err, progress)))
+    finally:
+        tracking.close()
 
 
 def _check_outputs(json_dest: str | None, plot_dir: str | None) -> None:
@@ -245,6 +250,14 @@ def _check_outputs(json_dest: str | None, plot_dir: str | None) -> None:
     "DynamicResourceController (needs dynres-verl; policies then take verl's names: "
     "dynres:<name>, or verl's own default, fixed_ratio, static_fully_async).",
 )
+@click.option(
+    "--out",
+    "out_dir",
+    metavar="DIR",
+    type=click.Path(file_okay=False),
+    help="Folder for the files of the tracking backends trainer.logger names, e.g. --set "
+    "'trainer.logger=[tensorboard]' (default: a fresh dynres-runs/<scenario>).",
+)
 @click.option("--list-presets", is_flag=True, help="List the shipped presets and exit.")
 @quiet_option()
 def command(
@@ -262,6 +275,7 @@ def command(
     seed: int | None,
     n_seeds: int,
     host: str,
+    out_dir: str | None,
     list_presets: bool,
     quiet: bool,
 ) -> None:
@@ -279,7 +293,7 @@ def command(
         dynres simulate --preset seed-dynamic-16-16 --host verl --policy dynres:predictive
     """
     if list_presets:
-        given = (scenario, preset, compare, compare_policies, policy, sets, run_sets, plot_dir, config_file)
+        given = (scenario, preset, compare, compare_policies, policy, sets, run_sets, plot_dir, config_file, out_dir)
         if any(given) or seed is not None:
             raise click.UsageError("--list-presets lists the presets and exits; give it alone")
         _list_presets(json_dest)
@@ -311,7 +325,31 @@ def command(
         on_ignored=lambda line: click.echo(line, err=True),
         host=host,
     )
-    _print_comparison(_simulate_with_progress(plan, quiet=quiet), json_dest, plot_dir)
+    out = _tracking_folder(plan, out_dir, Path(source).stem)
+    comparison = _simulate_with_progress(plan, quiet=quiet, json_dest=json_dest, tracking_dir=out)
+    _print_comparison(comparison, json_dest, plot_dir)
+    if out is not None:
+        human_console(json_dest).print(f"tracked runs ({_backend_names(plan)}) in {out}")
+
+
+def _tracking_folder(plan: Any, out_dir: str | None, stem: str) -> Path | None:
+    """The folder of the tracking backends' files, made now (None when no backend writes files)."""
+    from dynres.runtime.cli.paths import check_output_dir
+    from dynres.runtime.outdirs import OUT_ROOT, default_out_dir, ignore_in_git
+
+    if not plan.writes_tracking_files:
+        return None
+    out = Path(out_dir) if out_dir else default_out_dir(stem)
+    check_output_dir(out, "--out")
+    if not out_dir:
+        ignore_in_git(OUT_ROOT)
+    return out
+
+
+def _backend_names(plan: Any) -> str:
+    """The file-writing backends of the plan's runs, each once, in order."""
+    names = [b.name for run in plan.runs for b in run.tracking if b.writes_files]
+    return ", ".join(dict.fromkeys(names))
 
 
 def _print_comparison(comparison: Any, json_dest: str | None, plot_dir: str | None) -> None:

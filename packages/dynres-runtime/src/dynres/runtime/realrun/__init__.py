@@ -16,13 +16,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from dynres.core.context import buffer_samples, step_required_samples
 from dynres.core.errors import RunAbortedError
+from dynres.core.tracking import TrackedRun, TrackingBackend
 from dynres.runtime.realrun.builders import (
     CYCLE_MEAN_PREFIX,
     build_replica,
@@ -51,10 +52,12 @@ from dynres.runtime.realrun.output import (
     MetricsSink,
     operations_lines,
     reward_key,
+    run_summary,
     write_backend,
     write_config,
     write_report,
 )
+from dynres.runtime.tracking import TrackerSet, resolve_backends
 
 logger = logging.getLogger("dynres.runtime.realrun")
 
@@ -132,18 +135,54 @@ def execute(
     poll_s: float = 0.5,
     plots: bool = True,
     plot_dir: str | Path | None = None,
+    tracking: Sequence[TrackingBackend] | None = None,
+    on_tracking_problem: Callable[[str], Any] | None = None,
 ) -> RunOutcome:
     """Run ``cfg`` to the end (or Ctrl-C); write metrics.jsonl, report.json, backend.json, plots.
 
-    Plots go to ``plot_dir`` (default: ``out_dir/plots``) unless ``plots`` is False.
+    Plots go to ``plot_dir`` (default: ``out_dir/plots``) unless ``plots`` is False. Each cycle
+    also goes to the ``tracking`` backends (default: those ``trainer.logger`` names), opened
+    before anything starts and finished when the run ends, however it ends; a backend that
+    fails mid-run is stopped and named through ``on_tracking_problem`` (default: a log warning).
     Raises :class:`RunInterrupted` (a KeyboardInterrupt) after a clean teardown when interrupted,
     with report.json holding what the run had (no plots); DynresError on a bad config or a
     failing backend.
     """
     load_run_policy(cfg)  # a bad policy name or params fails here, before anything starts
+    backends = resolve_backends(cfg.trainer.logger) if tracking is None else tuple(tracking)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     write_config(out, cfg)
+    trackers = TrackerSet(backends, tracked_run(cfg, out), warn=on_tracking_problem)
+    try:
+        return _execute(cfg, out, trackers, on_cycle, on_status, poll_s, plots, plot_dir)
+    finally:
+        trackers.finish(trackers.summary)
+
+
+def tracked_run(cfg: RunConfig, out: Path) -> TrackedRun:
+    """The run as tracking backends see it: ``trainer.experiment_name`` or the output folder's name."""
+    return TrackedRun(
+        name=cfg.trainer.experiment_name or out.resolve().name,
+        project=cfg.trainer.project_name,
+        out_dir=out,
+        config=cfg.model_dump(mode="json"),
+        total_steps=cfg.run.steps,
+        kind="run",
+    )
+
+
+def _execute(
+    cfg: RunConfig,
+    out: Path,
+    trackers: TrackerSet,
+    on_cycle: Callable[[Any, dict[str, Any]], None] | None,
+    on_status: Callable[[dict[str, Any]], None] | None,
+    poll_s: float,
+    plots: bool,
+    plot_dir: str | Path | None,
+) -> RunOutcome:
+    """:func:`execute` once the output folder and the trackers are open."""
     model_path = prepare_model(cfg, out)
     backend: dict[str, Any] = {
         "runtime": cfg.engines.runtime,
@@ -151,7 +190,7 @@ def execute(
         "trainer": cfg.engines.trainer,
         "model_path": model_path,
     }
-    sink = MetricsSink(out / METRICS_FILE, on_cycle)
+    sink = MetricsSink(out / METRICS_FILE, on_cycle, trackers)
     cluster_conn = None
     outcome = RunOutcome(None, out, backend)
     t0 = time.perf_counter()
@@ -170,6 +209,7 @@ def execute(
             cluster_conn.connect()  # blocking by nature: done before the event loop starts
             report = asyncio.run(run_on_ray(cfg, model_path, sink, backend, on_status, poll_s, on_interrupt))
         outcome.report = report
+        trackers.summary = run_summary(report)
     except KeyboardInterrupt as exc:
         outcome.interrupted = True
         if outcome.report is not None:
@@ -225,4 +265,6 @@ __all__ = [
     "prepare_model",
     "prompt_groups",
     "reward_key",
+    "run_summary",
+    "tracked_run",
 ]

@@ -2,7 +2,9 @@
 
 :func:`plan_launch` reads the run file with its overrides (``--set`` items and the shorthand
 flags, which may not both set a key), builds the policy so that a bad name or param fails now,
-decides whether plots can be written and where the output goes. :func:`~dynres.runtime.realrun.execute`
+checks the tracking backends of ``trainer.logger`` (names and packages), decides whether plots
+can be written and where the output goes (:mod:`dynres.runtime.outdirs`: by default a fresh
+``dynres-runs/<run file name>``, never an earlier run's folder). :func:`~dynres.runtime.realrun.execute`
 then runs the plan's config.
 """
 
@@ -14,11 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from dynres.core.config import parse_set_items, shorthand_overrides
+from dynres.core.tracking import TrackingBackend
+from dynres.runtime.outdirs import default_out_dir, holds_run
 from dynres.runtime.realrun.config import RunConfig, load_run_config, load_run_policy
 from dynres.runtime.renamed_keys import RENAMED_RUN_KEYS, upgrade_override_keys
+from dynres.runtime.tracking import resolve_backends
 
-OUT_ROOT = Path("dynres-runs")
-"""Where a run's output folder goes when none is given: ``dynres-runs/<run file name>``."""
 NO_PLOTS_NOTE = "note: no plots (matplotlib is not installed: pip install 'dynres-runtime[plot]')"
 """Said before a run that would write plots but cannot: plots are optional unless asked for by path."""
 
@@ -37,6 +40,10 @@ class LaunchPlan:
     """Folder of the plots; None: ``out_dir/plots``."""
     notes: tuple[str, ...] = ()
     """Lines to tell the user before the run starts (e.g. :data:`NO_PLOTS_NOTE`)."""
+    tracking: tuple[TrackingBackend, ...] = ()
+    """The backends ``trainer.logger`` names, checked (their packages are installed)."""
+    default_out: bool = False
+    """True when :attr:`out_dir` is the default (``dynres-runs/<name>``, a fresh folder), not ``--out``."""
 
 
 def plan_launch(
@@ -71,6 +78,7 @@ def plan_launch(
     overrides.update(shorthand_overrides(overrides, shorthands))
     cfg = load_run_config(config, overrides, strict=strict, on_ignored=on_ignored)
     load_run_policy(cfg)
+    tracking = resolve_backends(cfg.trainer.logger)
     notes: list[str] = []
     if plots:
         from dynres.runtime.plots import plotting_available, require_matplotlib
@@ -80,5 +88,7 @@ def plan_launch(
                 require_matplotlib()  # asked for plots explicitly: one-line error naming the extra
             plots = False
             notes.append(NO_PLOTS_NOTE)
-    out = Path(out_dir) if out_dir else OUT_ROOT / Path(config).stem
-    return LaunchPlan(cfg, out, plots, Path(plot_dir) if plot_dir else None, tuple(notes))
+    out = Path(out_dir) if out_dir else default_out_dir(Path(config).stem)
+    if out_dir and holds_run(out):
+        notes.append(f"note: --out {out} holds an earlier run; its files are replaced")
+    return LaunchPlan(cfg, out, plots, Path(plot_dir) if plot_dir else None, tuple(notes), tracking, not out_dir)

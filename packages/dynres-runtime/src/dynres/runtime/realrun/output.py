@@ -1,13 +1,19 @@
-"""Files of a ``dynres run``: the per-cycle JSONL stream, report.json, backend.json, plots, summary lines."""
+"""Files of a ``dynres run``: the per-cycle JSONL stream, report.json, backend.json, plots, summary lines.
+
+``reward_key`` is :func:`dynres.core.metrics.reward_key`, re-exported for the CLI and tests.
+"""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from dynres.runtime.realrun.builders import CYCLE_MEAN_PREFIX
+from dynres.core.metrics import reward_key as reward_key  # re-exported (realrun.reward_key)
+
+if TYPE_CHECKING:
+    from dynres.runtime.tracking import TrackerSet
 
 METRICS_FILE = "metrics.jsonl"
 """One JSON record per sync cycle (``dynamic_resource/*`` keys, train metrics, counters)."""
@@ -19,14 +25,6 @@ CONFIG_FILE = "config.json"
 """The run's resolved configuration (RunConfig, overrides applied); ``dynres scenario fit`` reads it."""
 PLOTS_DIR = "plots"
 """Subdirectory of the output directory that holds the plots."""
-
-
-def reward_key(record: Mapping[str, Any]) -> str | None:
-    """The key of the per-cycle mean reward in a JSONL record, if the trainer reports one."""
-    for k in (f"{CYCLE_MEAN_PREFIX}reward/mean", f"{CYCLE_MEAN_PREFIX}reward", "reward/mean", "train/reward"):
-        if k in record:
-            return k
-    return None
 
 
 def operations_lines(report: Any) -> list[str]:
@@ -57,15 +55,34 @@ def operations_lines(report: Any) -> list[str]:
     return lines
 
 
-class MetricsSink:
-    """Writes one JSONL record per cycle as cycles finish, and forwards each to the display."""
+def run_summary(report: Any) -> dict[str, float]:
+    """A finished run's numbers for the tracking backends' summary (seconds, counts)."""
+    s = report.samples
+    return {
+        "end_to_end_s": float(report.end_to_end_s),
+        "cycles": float(len(report.cycles)),
+        "samples_generated": float(s.generated),
+        "samples_consumed": float(s.consumed),
+        "samples_dropped_stale": float(s.dropped_stale),
+    }
 
-    def __init__(self, path: Path, on_cycle: Callable[[Any, dict[str, Any]], None] | None) -> None:
-        """Open ``path`` for writing; ``on_cycle(cycle, record)`` is called after each record."""
+
+class MetricsSink:
+    """Writes one JSONL record per cycle as cycles finish, and forwards each to the trackers and the display."""
+
+    def __init__(
+        self,
+        path: Path,
+        on_cycle: Callable[[Any, dict[str, Any]], None] | None,
+        tracking: TrackerSet | None = None,
+    ) -> None:
+        """Open ``path`` for writing; each record then goes to ``tracking`` (trainer.logger) and
+        ``on_cycle(cycle, record)``."""
         self.path = path
         self.count = 0
         self._fh = path.open("w", encoding="utf-8")
         self._on_cycle = on_cycle
+        self._tracking = tracking
 
     def __call__(self, cycle: Any) -> None:
         """Write ``cycle``'s record, flushed, and pass it on."""
@@ -73,6 +90,8 @@ class MetricsSink:
         self._fh.write(json.dumps(rec) + "\n")
         self._fh.flush()  # an interrupted run keeps every finished cycle
         self.count += 1
+        if self._tracking is not None:
+            self._tracking.log_record(rec)
         if self._on_cycle is not None:
             self._on_cycle(cycle, rec)
 

@@ -1,7 +1,8 @@
 """Simulating a :class:`~dynres.runtime.sim.plan.SimPlan` and comparing its runs with the first.
 
 :func:`simulate_plan` runs each planned run in table order and reports its progress to a
-:class:`PlanObserver` (a progress display, a tracking backend); nothing here prints. What it
+:class:`PlanObserver` (a progress display; :class:`TrackingObserver` for the tracking backends of
+``trainer.logger``); nothing here prints. What it
 returns, a :class:`Comparison`, holds the results, each run's difference from run 1, the spread
 over seeds and the ``--json`` payload; :func:`plot_comparison` writes the plots of its runs.
 """
@@ -9,13 +10,16 @@ over seeds and the ``--json`` payload; :func:`plot_comparison` writes the plots 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dynres.core.tracking import TrackedRun
 from dynres.runtime.loop.report import CycleReport
 from dynres.runtime.sim.plan import PlannedRun, SimPlan
 from dynres.runtime.sim.runner import SimResult, relative_difference, simulate
+from dynres.runtime.tracking import TrackerSet
 
 
 class PlanObserver:
@@ -29,6 +33,94 @@ class PlanObserver:
 
     def run_done(self, run: PlannedRun, result: SimResult) -> None:
         """``run`` ended with ``result``."""
+
+
+class ObserverGroup(PlanObserver):
+    """Several observers heard as one, in the order given."""
+
+    def __init__(self, *observers: PlanObserver) -> None:
+        """Pass every event to each of ``observers``."""
+        self.observers = observers
+
+    def run_started(self, run: PlannedRun) -> None:
+        """Tell each observer."""
+        for o in self.observers:
+            o.run_started(run)
+
+    def cycle_done(self, run: PlannedRun, cycle: CycleReport) -> None:
+        """Tell each observer."""
+        for o in self.observers:
+            o.cycle_done(run, cycle)
+
+    def run_done(self, run: PlannedRun, result: SimResult) -> None:
+        """Tell each observer."""
+        for o in self.observers:
+            o.run_done(run, result)
+
+
+class TrackingObserver(PlanObserver):
+    """Tracks each run of a plan with the backends its ``trainer.logger`` names: one tracked run per label.
+
+    The tracked run's name is the run's ``scenario[policy]`` label (``#N`` first when a label
+    repeats, ``trainer.experiment_name`` and a ``-`` first when set), so TensorBoard and the
+    others show the plan's policies side by side; step is the cycle, values are simulated
+    seconds. Only the first pass is tracked: the repeats of ``--seeds`` are summed up in the
+    results, not tracked. Call :meth:`close` when the plan ends, also after an error.
+    """
+
+    def __init__(self, plan: SimPlan, out_dir: Path, *, warn: Callable[[str], Any] | None = None) -> None:
+        """Track ``plan``'s runs under ``out_dir``; problems of a backend go to ``warn``."""
+        self.out_dir = out_dir
+        self.warn = warn
+        self.names = dict(zip((r.number for r in plan.runs), unique_labels([r.label for r in plan.runs]), strict=True))
+        self.open: TrackerSet | None = None
+
+    def run_started(self, run: PlannedRun) -> None:
+        """Open the run's trackers (none when its trainer.logger is empty)."""
+        self.close()
+        if not run.tracking:
+            return
+        sc = run.scenario
+        name = self.names[run.number]
+        if sc.trainer.experiment_name:
+            name = f"{sc.trainer.experiment_name}-{name}"
+        tracked = TrackedRun(
+            name=name,
+            project=sc.trainer.project_name,
+            out_dir=self.out_dir,
+            config=sc.model_dump(mode="json"),
+            total_steps=sc.steps,
+            kind="simulate",
+        )
+        self.open = TrackerSet(run.tracking, tracked, warn=self.warn)
+
+    def cycle_done(self, run: PlannedRun, cycle: CycleReport) -> None:
+        """Log the cycle to the run's trackers."""
+        if self.open is not None:
+            self.open.log_record(cycle.to_record())
+
+    def run_done(self, run: PlannedRun, result: SimResult) -> None:
+        """Finish the run's trackers with its end-to-end time and lower bound."""
+        if self.open is not None:
+            self.open.summary = sim_summary(result)
+        self.close()
+
+    def close(self) -> None:
+        """Finish the trackers still open (a plan stopped by an error)."""
+        if self.open is not None:
+            self.open.finish(self.open.summary)
+            self.open = None
+
+
+def sim_summary(result: SimResult) -> dict[str, float]:
+    """A simulated run's numbers for the tracking backends' summary (simulated seconds, ratio, count)."""
+    s = result.summary()
+    return {
+        "end_to_end_s": float(result.end_to_end_s),
+        "lower_bound_s": float(result.lower_bound_s),
+        "ratio_to_bound": float(s["ratio_to_bound"]),
+        "switches": float(s["switches"]),
+    }
 
 
 @dataclass
@@ -120,10 +212,14 @@ def _payload(results: list[SimResult]) -> Any:
 # ---- Plots -----------------------------------------------------------------------------------
 
 
+def unique_labels(labels: list[str]) -> list[str]:
+    """Run labels made unique: a label used twice gets its run number (``#3 x[p]``)."""
+    return [f"#{i} {lab}" if labels.count(lab) > 1 else lab for i, lab in enumerate(labels, start=1)]
+
+
 def plot_labels(results: list[SimResult]) -> list[str]:
-    """Run labels for legends; a label used twice gets its run number (``#3 x[p]``) so lines stay apart."""
-    plain = [r.label for r in results]
-    return [f"#{i} {lab}" if plain.count(lab) > 1 else lab for i, lab in enumerate(plain, start=1)]
+    """Run labels for legends (:func:`unique_labels`), so lines of equal labels stay apart."""
+    return unique_labels([r.label for r in results])
 
 
 def _plot_dirs(results: list[SimResult]) -> list[str]:

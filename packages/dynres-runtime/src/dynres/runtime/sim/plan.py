@@ -4,8 +4,9 @@ Runs are numbered as the results table numbers them: 1 is the main run, then one
 policy (the main scenario with another policy), then one per compared scenario (with its own
 policy). Overrides apply in this order, a later one winning: the ``--config`` file's keys, the
 ``--set`` items (every run), the ``--set-run N`` items (run N); ``--seed`` then replaces every
-run's seed and ``--policy`` names the main run's policy. Every scenario is loaded and every policy
-built here, so a typo in the last run fails before the first run starts.
+run's seed and ``--policy`` names the main run's policy. Every scenario is loaded, every policy
+built and every tracking backend of ``trainer.logger`` checked here, so a typo in the last run
+fails before the first run starts.
 """
 
 from __future__ import annotations
@@ -25,8 +26,10 @@ from dynres.core.config import (
     validate_model,
 )
 from dynres.core.errors import ConfigError, ScenarioError
+from dynres.core.tracking import TrackingBackend
 from dynres.runtime.sim.runner import HOSTS, build_policy, run_label
 from dynres.runtime.sim.scenario import Scenario, config_overrides, load_scenario
+from dynres.runtime.tracking import resolve_backends
 
 POLICY_KEY = "async_training.dynamic_schedule_policy"
 """The scenario key ``--policy`` stands for."""
@@ -49,6 +52,8 @@ class PlannedRun:
     ``verl``, its name in verl's registry (verl builds it)."""
     host: str = "dynres"
     """Who drives the run: ``dynres`` or ``verl`` (see :mod:`dynres.runtime.sim.verl_host`)."""
+    tracking: tuple[TrackingBackend, ...] = ()
+    """The backends the scenario's ``trainer.logger`` names, checked (their packages are installed)."""
 
     @property
     def label(self) -> str:
@@ -72,6 +77,11 @@ class SimPlan:
     """The runs (at least one: the main run)."""
     seeds: int = 1
     """Seeds per run (count): above 1, each run is repeated with the seeds that follow its own."""
+
+    @property
+    def writes_tracking_files(self) -> bool:
+        """True when a run's ``trainer.logger`` names a backend that writes files (it needs a folder)."""
+        return any(b.writes_files for run in self.runs for b in run.tracking)
 
 
 def plan_simulations(
@@ -122,17 +132,20 @@ def plan_simulations(
     ]
     if seed is not None:
         scenarios = [s.model_copy(update={"seed": seed}) for s in scenarios]
+    tracking = [
+        resolve_backends(sc.trainer.logger, where=f"run #{i} trainer.logger") for i, sc in enumerate(scenarios, 1)
+    ]
     if host == "verl":
         runs = tuple(
-            PlannedRun(i, src, spec, sc, _verl_policy(sc, spec), host)
-            for i, (sc, (src, spec)) in enumerate(zip(scenarios, specs, strict=True), start=1)
+            PlannedRun(i, src, spec, sc, _verl_policy(sc, spec), host, tr)
+            for i, (sc, (src, spec), tr) in enumerate(zip(scenarios, specs, tracking, strict=True), start=1)
         )
         return SimPlan(runs, seeds)
     if policy:
         _check_policy_has_hybrids(scenarios[0], policy)
     runs = tuple(
-        PlannedRun(i, src, spec, sc, build_policy(sc, spec))
-        for i, (sc, (src, spec)) in enumerate(zip(scenarios, specs, strict=True), start=1)
+        PlannedRun(i, src, spec, sc, build_policy(sc, spec), tracking=tr)
+        for i, (sc, (src, spec), tr) in enumerate(zip(scenarios, specs, tracking, strict=True), start=1)
     )
     return SimPlan(runs, seeds)
 

@@ -11,6 +11,7 @@ A scenario is a YAML mapping::
     cluster: {trainer_gpus: 16, rollout_gpus: 16, gpus_per_replica: 4}
     workload: {prompt_tokens, response: {...}, decode: {...}, train: {...}}
     costs: {weight_sync_s, sleep_s, wake_up_s, ...}
+    trainer: {logger: [tensorboard]}  # optional: verl's tracking keys (one tracked run per label)
 
 Every section is documented field by field below; units are in each field's description.
 Presets are scenario files shipped in ``dynres/runtime/sim/presets/`` (see :mod:`.presets`).
@@ -31,6 +32,7 @@ from dynres.core.config import (
     DynresConfig,
     NodesConfig,
     StrictModel,
+    TrackingConfig,
     apply_overrides,
     deep_merge,
     validate_model,
@@ -207,6 +209,17 @@ class CostsConfig(StrictModel):
     trainer_onload_s: float = Field(3.0, ge=0.0, description="Trainer bringing them back (seconds).")
 
 
+class ScenarioTracking(TrackingConfig):
+    """verl's tracking keys in a scenario: none by default, since ``dynres simulate`` prints its own tables."""
+
+    logger: list[str] = Field(
+        default_factory=list,
+        json_schema_extra={"default": []},
+        description="Tracking backends that get each simulated cycle's metrics, one tracked run per "
+        "scenario[policy] label (console, file, tensorboard, mlflow, wandb or a plugin's; none by default).",
+    )
+
+
 class Scenario(StrictModel):
     """One simulated training run: cluster, config, workload, costs, length and seed."""
 
@@ -225,6 +238,10 @@ class Scenario(StrictModel):
     cluster: ClusterConfig = Field(default_factory=ClusterConfig, description="The GPUs.")
     workload: WorkloadConfig = Field(default_factory=WorkloadConfig, description="The work.")
     costs: CostsConfig = Field(default_factory=CostsConfig, description="Operation durations.")
+    trainer: ScenarioTracking = Field(
+        default_factory=ScenarioTracking,
+        description="verl's tracking keys (the GPUs are in cluster).",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> Scenario:
@@ -375,7 +392,9 @@ def config_overrides(cfg: DynresConfig) -> dict[str, Any]:
     Only keys the config file gives count (pydantic's set fields), so a scenario keeps its own
     values for everything else: ``async_training.*`` and ``actor_rollout_ref.*`` as they are,
     the rollout's tensor-parallel size as ``cluster.gpus_per_replica``, and the ``trainer`` and
-    ``rollout`` node sections as ``cluster.trainer_gpus`` / ``cluster.rollout_gpus`` (GPUs).
+    ``rollout`` node sections as ``cluster.trainer_gpus`` / ``cluster.rollout_gpus`` (GPUs). The
+    ``trainer`` section's tracking keys (``trainer.logger``: where the real run logs) do not
+    apply to simulations; a scenario's own ``trainer.logger`` or ``--set`` tracks those.
     """
     out: dict[str, Any] = {}
 
@@ -392,7 +411,8 @@ def config_overrides(cfg: DynresConfig) -> dict[str, Any]:
     if tp is not None:
         out["cluster.gpus_per_replica"] = tp
     leaves("actor_rollout_ref.", aro)
-    if "trainer" in cfg.model_fields_set:
+    trainer_set = cfg.trainer.model_fields_set if "trainer" in cfg.model_fields_set else set()
+    if trainer_set & set(NodesConfig.model_fields):
         out["cluster.trainer_gpus"] = cfg.trainer.n_gpus
     if "rollout" in cfg.model_fields_set:
         out["cluster.rollout_gpus"] = cfg.rollout.n_gpus
