@@ -171,6 +171,25 @@ def test_train_step_needs_step_fn_and_counts_versions(pair):
     assert calls == [2] and eng2.version == 1 and res.phase_times == {"update_actor": 0.0}
 
 
+def test_saved_state_loads_weights_and_optimizer_into_a_fresh_engine(pair, tmp_path):
+    from dynres.runtime.backends.megatron import MegatronTrainEngine, tiny_gpt_model
+
+    hf, model, eng = pair
+    for p in model.parameters():  # optimizer state without a forward pass (needs CUDA)
+        p.grad = torch.randn_like(p) * 1e-2
+    eng.optimizer.step()
+    eng.version = 3
+    asyncio.run(eng.save_state(str(tmp_path)))
+    other = tiny_gpt_model(hf.config, seed=7)
+    fresh = MegatronTrainEngine(other, torch.optim.AdamW(other.parameters(), lr=1e-3))
+    asyncio.run(fresh.load_state(str(tmp_path)))
+    assert fresh.version == 3
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), other.parameters(), strict=True))
+    saved, loaded = eng.optimizer.state_dict()["state"], fresh.optimizer.state_dict()["state"]
+    assert saved.keys() == loaded.keys()
+    assert all(torch.equal(saved[i][k], loaded[i][k]) for i in saved for k in saved[i])
+
+
 @pytest.mark.gpu
 def test_megatron_forward_matches_hf_logits_on_gpu(pair):
     """Full forward (Megatron needs CUDA for it) gives the HF model's logits after the mapping."""

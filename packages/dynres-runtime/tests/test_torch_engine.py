@@ -15,7 +15,7 @@ from dynres.core.metrics import TRAIN_COMPUTE_PHASES  # noqa: E402  # imported a
 from dynres.runtime.backends.torch_engine import TorchTrainConfig, TorchTrainEngine, TrainSample  # noqa: E402  # imported after importorskip: needs the extra
 from dynres.runtime.backends.weights import WeightBuckets  # noqa: E402  # imported after importorskip: needs the extra
 from dynres.runtime.protocols import GenerationResult, TrainEngine  # noqa: E402  # imported after importorskip: needs the extra
-from dynres.runtime.realrun.tiny_task import build_tiny_model, make_prompts, parity_reward  # noqa: E402  # imported after importorskip: needs the extra
+from dynres.runtime.realrun.tiny_task import TinyModelSpec, build_tiny_model, make_prompts, parity_reward  # noqa: E402  # imported after importorskip: needs the extra
 
 pytestmark = pytest.mark.slow
 
@@ -215,3 +215,35 @@ def test_accepts_runtime_samples():
     )
     res = asyncio.run(eng.train_step([sample]))
     assert res.metrics["response_length/mean"] == 3.0
+
+
+def test_saved_state_resumes_training_bit_exact(tmp_path):
+    # A resumed engine must take the same next step as one that never stopped: same weights AND
+    # the same AdamW moments (without them the step after a resume has another size).
+    batch, other = _batch(), _batch(seed=1)
+    eng = _engine(lr=1e-3)
+    for _ in range(2):
+        asyncio.run(eng.train_step(batch))
+    asyncio.run(eng.offload())  # saved while offloaded: stays offloaded
+    asyncio.run(eng.save_state(str(tmp_path)))
+    assert eng.offloaded
+    asyncio.run(eng.onload())
+    fresh = TorchTrainEngine(build_tiny_model(seed=5), TorchTrainConfig(lr=1e-3), reward_fn=parity_reward)
+    asyncio.run(fresh.load_state(str(tmp_path)))
+    assert fresh.version == eng.version == 2
+    asyncio.run(eng.train_step(other))
+    asyncio.run(fresh.train_step(other))
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(eng.model.state_dict().values(), fresh.model.state_dict().values(), strict=True)
+    )
+
+
+def test_loading_a_state_of_another_model_is_an_error(tmp_path):
+    eng = _engine()
+    asyncio.run(eng.save_state(str(tmp_path)))
+    other = TorchTrainEngine(build_tiny_model(TinyModelSpec(hidden_size=64, num_hidden_layers=1), seed=0))
+    with pytest.raises(BackendError, match="does not fit this model"):
+        asyncio.run(other.load_state(str(tmp_path)))
+    with pytest.raises(BackendError, match="cannot read the train state"):
+        asyncio.run(other.load_state(str(tmp_path / "missing")))

@@ -27,11 +27,16 @@ The gated fc1 is ``[gate; up]`` stacked on the output dimension.
 Scope: export works on a single model-parallel rank holding the whole model (TP = PP = 1, any
 data-parallel size). Megatron's forward, its optimizers and its checkpointing need CUDA; the
 model itself builds on CPU with a gloo process group, which is what the CPU tests use.
+``save_state``/``load_state`` (a run checkpoint) have the same scope: the whole model's tensors
+and an optimizer whose ``state_dict`` holds all of its state (a torch optimizer, or a Megatron
+optimizer that is not distributed); a sharded (distributed) optimizer needs Megatron's own
+``dist_checkpointing`` and is refused with an error saying so.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -40,6 +45,7 @@ from typing import Any
 from dynres.core.errors import BackendError
 from dynres.runtime.backends.extras import require_module
 from dynres.runtime.backends.torch_engine import TensorOffloader, offloadable_tensors
+from dynres.runtime.backends.train_state import load_torch_state, save_torch_state
 from dynres.runtime.backends.weights import DEFAULT_BUCKET_BYTES, bucketize
 from dynres.runtime.protocols import (
     OperationCosts,
@@ -286,7 +292,9 @@ class MegatronTrainEngine:
         self.version = 0
         self._offloader = TensorOffloader()
         self._lock = asyncio.Lock()
-        self._times: dict[str, list[float]] = {"offload": [], "onload": [], "export_weights": []}
+        self._times: dict[str, list[float]] = {
+            op: [] for op in ("offload", "onload", "export_weights", "save_state", "load_state")
+        }
 
     # ------------------------------------------------------------------ fit step
     async def train_step(self, batch: Sequence[Any]) -> TrainStepResult:
@@ -407,6 +415,40 @@ class MegatronTrainEngine:
                         f"Megatron has {tuple(p.shape)}; check the model configs match"
                     )
                 p.copy_(src)
+
+    def _whole_state(self, op: str, fn: Callable[[], Any]) -> Any:
+        """Run ``fn`` on the onloaded model of a TP = PP = 1 rank with a whole-state optimizer."""
+        self._check_single_model_parallel_rank()
+        if self.optimizer is not None and "Distributed" in type(self.optimizer).__name__:
+            raise BackendError(
+                f"MegatronTrainEngine.{op}: {type(self.optimizer).__name__} shards its state across ranks; "
+                "checkpoint it with megatron.core.dist_checkpointing, or use a non-distributed optimizer"
+            )
+        was_offloaded = self._offloader.offloaded
+        if was_offloaded:
+            self._offloader.onload()
+        try:
+            return fn()
+        finally:
+            if was_offloaded:
+                self._offloader.offload(self._tensors())
+
+    async def save_state(self, path: str) -> None:
+        """Write the model's tensors, the optimizer's state and the version into folder ``path``."""
+
+        def save() -> None:
+            state = unwrap_model(self.model).state_dict()
+            counters = {"version": self.version}
+            save_torch_state(self.torch, path, model_state=state, optimizer=self.optimizer, counters=counters)
+
+        await self._run("save_state", lambda: self._whole_state("save_state", save))
+
+    async def load_state(self, path: str) -> None:
+        """Load what :meth:`save_state` wrote (same model shape); BackendError otherwise."""
+        core = unwrap_model(self.model)
+        load = functools.partial(load_torch_state, self.torch, path, model=core, optimizer=self.optimizer)
+        counters = await self._run("load_state", lambda: self._whole_state("load_state", load))
+        self.version = counters.get("version", self.version)
 
     def costs(self) -> OperationCosts:
         """Measured mean offload / onload / export durations (seconds; None before the first)."""

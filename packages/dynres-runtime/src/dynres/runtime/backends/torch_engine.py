@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import math
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -38,6 +39,7 @@ from typing import Any
 from dynres.core.errors import BackendError, ConfigError, MissingExtraError, did_you_mean
 from dynres.core.loading import import_object
 from dynres.runtime.backends.extras import RunningMean, require_module
+from dynres.runtime.backends.train_state import load_torch_state, save_torch_state
 from dynres.runtime.backends.weights import DEFAULT_BUCKET_BYTES, WeightBuckets, bucketize
 from dynres.runtime.protocols import OperationCosts, TrainStepResult, WeightUpdate
 
@@ -624,6 +626,42 @@ class TorchTrainEngine:
             upd = await asyncio.to_thread(self.export_weights_sync)
             self._avg["export_weights"].add(asyncio.get_running_loop().time() - t0)
             return upd
+
+    # ------------------------------------------------------------------ checkpoint
+    def _state_op(self, op: str, fn: Callable[[], Any]) -> Any:
+        """Run ``fn`` on the whole, onloaded model (onloaded for the call when offloaded)."""
+        if self.config.fsdp:
+            raise BackendError(f"TorchTrainEngine.{op} does not support fsdp=True yet; checkpoint without FSDP")
+        was_offloaded = self._offloader.offloaded
+        if was_offloaded:
+            self.onload_sync()
+        try:
+            return fn()
+        finally:
+            if was_offloaded:
+                self.offload_sync()
+
+    async def save_state(self, path: str) -> None:
+        """Write weights, AdamW state and the step counter into folder ``path``."""
+        async with self._lock:
+            await asyncio.to_thread(
+                self._state_op,
+                "save_state",
+                lambda: save_torch_state(
+                    self.torch,
+                    path,
+                    model_state=self.model.state_dict(),
+                    optimizer=self.optimizer,
+                    counters={"version": self.version},
+                ),
+            )
+
+    async def load_state(self, path: str) -> None:
+        """Load what :meth:`save_state` wrote (same model shape); BackendError otherwise."""
+        async with self._lock:
+            fn = functools.partial(load_torch_state, self.torch, path, model=self.model, optimizer=self.optimizer)
+            counters = await asyncio.to_thread(self._state_op, "load_state", fn)
+            self.version = counters.get("version", self.version)
 
     def costs(self) -> OperationCosts:
         """Measured mean offload / onload / export durations (seconds; None before the first)."""

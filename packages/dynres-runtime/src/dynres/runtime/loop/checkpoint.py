@@ -25,13 +25,15 @@ import logging
 import math
 import os
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from dynres.core import BoundPolicy
-from dynres.core.errors import ConfigError, PolicyError, PolicyValidationError
+from dynres.core.errors import ConfigError, DynresError, PolicyError, PolicyValidationError
 from dynres.runtime.loop.cycle import TrainerLoop
+from dynres.runtime.loop.ledger import LedgerWriter
+from dynres.runtime.loop.ops import OpRunner
 from dynres.runtime.loop.queue import MessageQueue
 from dynres.runtime.loop.rollouter import PartialSample, Rollouter
 from dynres.runtime.loop.tracker import RunTracker
@@ -252,7 +254,8 @@ class CheckpointStore:
         await asyncio.to_thread(_fresh_dir, tmp)
         data = dict(state)
         data["trainer"] = None
-        if isinstance(train_engine, CheckpointableTrainEngine):
+        # A proxy has the methods whatever it hosts; it says whether the engine behind it saves.
+        if isinstance(train_engine, CheckpointableTrainEngine) and getattr(train_engine, "can_save_state", True):
             (tmp / TRAINER_DIR).mkdir()
             await train_engine.save_state(str(tmp / TRAINER_DIR))
             data["trainer"] = TRAINER_DIR
@@ -292,3 +295,47 @@ def _write_synced(path: Path, text: str) -> None:
         fh.write(text)
         fh.flush()
         os.fsync(fh.fileno())
+
+
+async def save_checkpoint(
+    store: CheckpointStore,
+    step: int,
+    state: Callable[[], dict[str, Any]],
+    *,
+    train_engine: TrainEngine,
+    ledger: LedgerWriter | None,
+    ops: OpRunner,
+) -> Path | None:
+    """Write checkpoint ``step`` to ``store``: ``state()`` (the sample side, taken now) with the
+    ledger's line count and segment, and the train engine's state; return its folder.
+
+    A checkpoint that cannot be written is an operation failure (``checkpoint``) in the report and
+    a logged error, not the end of the run: the previous one stays the latest (returns None).
+    """
+    try:
+        data = state()
+    except DynresError as exc:  # the policy's state_dict
+        ops.record_failure("checkpoint", "run", str(exc), timeout=False)
+        return None
+    if ledger is not None:
+        data.update(segment=ledger.segment, ledger_lines=ledger.lines)
+    try:
+        return await ops.one("checkpoint", "trainer", lambda: store.save(step, data, train_engine))
+    except DynresError as exc:
+        logger.error("checkpoint at cycle %d not written: %s", step, exc)
+        return None
+
+
+async def load_train_state(ckpt: Mapping[str, Any], train_engine: TrainEngine, ops: OpRunner) -> None:
+    """Load the train engine's state a checkpoint on disk holds (``path`` and ``trainer`` keys, as
+    :meth:`CheckpointStore.load` returns them); nothing for an in-memory or sample-only checkpoint."""
+    folder = ckpt.get("trainer")
+    if not folder or not ckpt.get("path"):
+        return
+    if not (isinstance(train_engine, CheckpointableTrainEngine) and getattr(train_engine, "can_save_state", True)):
+        raise ConfigError(
+            f"checkpoint {ckpt['path']} holds a train state but this train engine cannot load one; "
+            "resume with the engine the run was started with"
+        )
+    path = str(Path(str(ckpt["path"])) / str(folder))
+    await ops.one("load_state", "trainer", lambda: train_engine.load_state(path))

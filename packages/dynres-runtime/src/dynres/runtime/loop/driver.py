@@ -49,9 +49,11 @@ from dynres.runtime.loop.calibration import SwitchCalibration, run_switch_calibr
 from dynres.runtime.loop.checkpoint import (
     CHECKPOINT_FORMAT,
     CheckpointStore,
+    load_train_state,
     make_checkpoint,
     policy_state,
     restore_checkpoint,
+    save_checkpoint,
 )
 from dynres.runtime.loop.clock import RunClock
 from dynres.runtime.loop.controller import Controller, ControllerState
@@ -165,6 +167,13 @@ class RunSpec:
         """Check the spec's consistency; raise ConfigError naming the field and the fix."""
         if self.num_cycles < 1:
             raise ConfigError(f"RunSpec.num_cycles must be >= 1, got {self.num_cycles}")
+        self._check_replicas()
+        self._check_limits()
+        if max_required_samples(self.config) < self.config.required_samples:
+            raise ConfigError("max_required_samples is below required_samples; check the config")
+
+    def _check_replicas(self) -> None:
+        """The replica lists fit the config: some replica, hybrid ones only with dynamic scheduling, unique ids."""
         if not self.standalone and not self.hybrid:
             raise ConfigError("RunSpec has no replica: give standalone and/or hybrid replicas")
         dynamic = self.config.async_training.use_dynamic_resource_scheduling
@@ -179,6 +188,9 @@ class RunSpec:
         dup = sorted({i for i in ids if ids.count(i) > 1})
         if dup:
             raise ConfigError(f"replica ids must be unique; repeated: {dup}")
+
+    def _check_limits(self) -> None:
+        """Timeouts, backoffs, budgets and counts are in range."""
         if self.op_timeout_s <= 0 or self.policy_timeout_s <= 0:
             raise ConfigError("RunSpec.op_timeout_s and policy_timeout_s must be > 0 seconds")
         if self.stall_timeout_s is not None and not self.stall_timeout_s > self.op_timeout_s:
@@ -198,8 +210,6 @@ class RunSpec:
             raise ConfigError(
                 f"RunSpec.calibration_switches must be >= 0 round trips (0 = off), got {self.calibration_switches}"
             )
-        if max_required_samples(self.config) < self.config.required_samples:
-            raise ConfigError("max_required_samples is below required_samples; check the config")
 
 
 class FullyAsyncRun:
@@ -366,6 +376,7 @@ class FullyAsyncRun:
         self.clock.begin()
         spec = self.spec
         if spec.resume_from is not None:
+            await load_train_state(spec.resume_from, spec.train_engine, self.ops)
             restore_checkpoint(
                 spec.resume_from,
                 policy=self.policy,
@@ -604,26 +615,12 @@ class FullyAsyncRun:
         )
 
     async def _periodic_checkpoint(self, step: int) -> None:
-        """After cycle ``step``'s weight sync: write a checkpoint to disk when one is due.
-
-        A checkpoint that cannot be written is an operation failure in the report (and a warning),
-        not the end of the run: the previous one stays the latest.
-        """
+        """After cycle ``step``'s weight sync: write a checkpoint to disk when one is due."""
         spec = self.spec
         store = spec.checkpoints
-        if store is None or not (step % spec.checkpoint_every == 0 or step >= self.tracker.total_steps):
-            return
-        try:
-            state = self.checkpoint()
-        except DynresError as exc:  # the policy's state_dict
-            self.ops.record_failure("checkpoint", "run", str(exc), timeout=False)
-            return
-        if spec.ledger is not None:
-            state.update(segment=spec.ledger.segment, ledger_lines=spec.ledger.lines)
-        try:
-            await self.ops.one("checkpoint", "trainer", lambda: store.save(step, state, spec.train_engine))
-        except DynresError as exc:
-            logger.error("checkpoint at cycle %d not written: %s", step, exc)
+        if store is not None and (step % spec.checkpoint_every == 0 or step >= self.tracker.total_steps):
+            engine = spec.train_engine
+            await save_checkpoint(store, step, self.checkpoint, train_engine=engine, ledger=spec.ledger, ops=self.ops)
 
     def _report(
         self,

@@ -12,7 +12,6 @@ from dynres.core.errors import BackendError
 from dynres.runtime.backends.fake.faults import TRAIN_OPS, FaultsMixin, OpRecord, fault_map, latency_map
 from dynres.runtime.protocols import OperationCosts, TrainStepResult, WeightUpdate
 
-
 FAKE_STATE_FILE = "state.json"
 """File the fake train engine's ``save_state`` writes (its counters)."""
 

@@ -32,6 +32,7 @@ from dynres.runtime.backends.ray._ray import require_ray
 from dynres.runtime.backends.ray.factory import Factory
 from dynres.runtime.backends.ray.monitor import LoopLag, LoopLagMonitor
 from dynres.runtime.protocols import (
+    CheckpointableTrainEngine,
     GenerationRequest,
     GenerationResult,
     OperationCosts,
@@ -59,6 +60,8 @@ class ActorInfo:
     """The hosted object's own cost estimates."""
     build_s: float
     """Wall time the factory took to build the hosted object (seconds)."""
+    can_save_state: bool = False
+    """The hosted object saves and loads its state (a CheckpointableTrainEngine)."""
 
 
 def _node_id() -> str:
@@ -92,7 +95,8 @@ class _Hosted:
             if self._obj is None:
                 self._obj = await self._factory.build(**identity)
             build_s = time.perf_counter() - t0
-        return ActorInfo(self._name, _node_id(), os.getpid(), self._obj.costs(), build_s)
+        saves = isinstance(self._obj, CheckpointableTrainEngine)
+        return ActorInfo(self._name, _node_id(), os.getpid(), self._obj.costs(), build_s, saves)
 
     def _hosted(self) -> Any:
         if self._obj is None:
@@ -256,6 +260,20 @@ class TrainEngineActor(_Hosted):
         # model does not stall this actor's other calls.
         ref = await asyncio.to_thread(ray.put, update.payload)
         return replace(update, payload=ref)
+
+    async def save_state(self, path: str) -> None:
+        """Save the engine's state into folder ``path`` (on this actor's node)."""
+        await self._checkpointable("save_state").save_state(path)
+
+    async def load_state(self, path: str) -> None:
+        """Load the engine's state from folder ``path`` (on this actor's node)."""
+        await self._checkpointable("load_state").load_state(path)
+
+    def _checkpointable(self, op: str) -> Any:
+        hosted = self._hosted()
+        if not isinstance(hosted, CheckpointableTrainEngine):
+            raise BackendError(f"trainer: {type(hosted).__name__} has no {op}(); it cannot be checkpointed")
+        return hosted
 
     async def shutdown(self) -> None:
         """Release the engine."""

@@ -18,6 +18,7 @@ chosen nodes of a ``ray.cluster_utils.Cluster``).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Mapping
@@ -31,8 +32,8 @@ from dynres.core.errors import BackendError, BackendTimeoutError
 from dynres.runtime.backends.ray._ray import remote_class, require_ray, use_loopback
 from dynres.runtime.backends.ray.actors import ActorInfo, ReplicaActor, TrainEngineActor
 from dynres.runtime.backends.ray.factory import Factory
-from dynres.runtime.backends.ray.proxies import RayReplica, RayTrainEngine
-from dynres.runtime.protocols import ReplicaKind
+from dynres.runtime.backends.ray.proxies import RayReplica, RayTrainEngine, SpawnSpec
+from dynres.runtime.protocols import Replica, ReplicaKind
 
 
 class RayClusterConfig(StrictModel):
@@ -284,27 +285,21 @@ class RayCluster:
             .options(**_actor_options(trainer_slot, share, bundle, "dynres-trainer"))
             .remote(trainer, lag)
         )
-        standalone_actors = []
+        self.system.trainer = RayTrainEngine(trainer_actor)
         if standalone is not None:
             for s in range(dyn.num_standalone_replicas):
                 rid = f"standalone-{s}"
                 bundle = _bundle(rollout_pgs, per_rollout_node, s * tp)
-                handle = remote_class(ReplicaActor).options(
-                    **_actor_options(rollout_slot, 1.0, bundle, f"dynres-{rid}")
-                )
-                standalone_actors.append((rid, handle.remote(rid, ReplicaKind.STANDALONE.value, standalone, lag)))
-        hybrid_actors = []
+                opts = _actor_options(rollout_slot, 1.0, bundle, f"dynres-{rid}")
+                spec = SpawnSpec(opts["name"], opts, (rid, ReplicaKind.STANDALONE.value, standalone, lag))
+                self.system.standalone.append(_spawn_replica(spec))
         if hybrid is not None:
             for h in range(dyn.num_hybrid_replicas):
                 rid = f"hybrid-{h}"
                 bundle = _bundle(trainer_pgs, per_trainer_node, h * tp)
-                handle = remote_class(ReplicaActor).options(
-                    **_actor_options(trainer_slot, 1.0 - share, bundle, f"dynres-{rid}")
-                )
-                hybrid_actors.append((rid, handle.remote(rid, ReplicaKind.HYBRID.value, hybrid, lag)))
-        self.system.trainer = RayTrainEngine(trainer_actor)
-        self.system.standalone = [RayReplica(rid, ReplicaKind.STANDALONE, h) for rid, h in standalone_actors]
-        self.system.hybrid = [RayReplica(rid, ReplicaKind.HYBRID, h) for rid, h in hybrid_actors]
+                opts = _actor_options(trainer_slot, 1.0 - share, bundle, f"dynres-{rid}")
+                spec = SpawnSpec(opts["name"], opts, (rid, ReplicaKind.HYBRID.value, hybrid, lag))
+                self.system.hybrid.append(_spawn_replica(spec))
 
     async def _start_engines(self) -> None:
         """Build every engine in its actor concurrently; keep each actor's info on its proxy."""
@@ -376,6 +371,40 @@ class RayCluster:
         self._extra_actors.clear()
         sys_.placement_groups.clear()
         return problems
+
+
+def _spawn_replica(spec: SpawnSpec) -> RayReplica:
+    """Create the ReplicaActor that ``spec`` describes (not started yet) and its proxy."""
+    options = dict(spec.options)
+    if spec.generation:
+        options["name"] = f"{spec.name}-r{spec.generation}"
+    rid, kind = spec.args[0], spec.args[1]
+    proxy = RayReplica(rid, ReplicaKind(kind), remote_class(ReplicaActor).options(**options).remote(*spec.args))
+    proxy.spawn = spec
+    return proxy
+
+
+async def respawn_replica(old: Replica) -> RayReplica:
+    """The Ray backend's :data:`~dynres.runtime.protocols.ReplicaRestarter`: kill ``old``'s actor
+    (a no-op when it is dead already) and start a new one from its spawn spec.
+
+    The new actor asks for the same placement group bundle. Ray moves the bundles of a group whose
+    node died to another node that has the resources, so a replica whose node was lost comes back
+    there; until such a node exists, the start waits (and the controller's op timeout ends the
+    attempt). The caller's event loop is never blocked: the start is awaited.
+    """
+    spec = getattr(old, "spawn", None)
+    if not isinstance(spec, SpawnSpec):
+        raise BackendError(f"{old!r} was not started by RayCluster, so it cannot be recreated; start it there")
+    if isinstance(old, RayReplica):
+        old.kill()
+    new = _spawn_replica(dataclasses.replace(spec, generation=spec.generation + 1))
+    try:
+        new._info = await new._call("start")
+    except BaseException:
+        new.kill()  # half-started: give its bundle back before the next attempt
+        raise
+    return new
 
 
 def driver_node_id() -> str:

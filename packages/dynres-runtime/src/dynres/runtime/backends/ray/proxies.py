@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from dynres.core.errors import BackendError, DynresError
@@ -97,6 +98,21 @@ class _ActorProxy:
             pass
 
 
+@dataclass(frozen=True)
+class SpawnSpec:
+    """How a replica's actor was created, so that a dead one can be created again the same way."""
+
+    name: str
+    """The first actor's name; a recreated one is ``<name>-r<generation>`` (a dead actor's name
+    stays taken until Ray has cleaned it up)."""
+    options: Mapping[str, Any]
+    """Ray actor options: resources, its placement group bundle, concurrency."""
+    args: tuple[Any, ...]
+    """Arguments of the ReplicaActor: replica id, kind, factory, lag interval."""
+    generation: int = 0
+    """How many times it was recreated (count)."""
+
+
 class RayReplica(_ActorProxy):
     """A :class:`~dynres.runtime.protocols.Replica` whose engine lives in a Ray actor."""
 
@@ -105,6 +121,8 @@ class RayReplica(_ActorProxy):
         super().__init__(replica_id, handle, info)
         self.replica_id = replica_id
         self.kind = ReplicaKind(kind)
+        self.spawn: SpawnSpec | None = None
+        """How its actor was created (None: not by RayCluster, so it cannot be recreated)."""
         self.generated_tokens = 0
         """Response tokens this replica produced (output beyond what requests arrived with; count)."""
         # Partial output each resumed request arrived with, by request id, until its result
@@ -276,6 +294,19 @@ class RayTrainEngine(_ActorProxy):
     def costs(self) -> OperationCosts:
         """Cost estimates the engine reported at start (cached)."""
         return self._info.costs if self._info else OperationCosts()
+
+    @property
+    def can_save_state(self) -> bool:
+        """True when the hosted engine saves and loads its state (as its actor reported at start)."""
+        return bool(self._info and self._info.can_save_state)
+
+    async def save_state(self, path: str) -> None:
+        """Save the engine's state into folder ``path``, written by the actor on its own node."""
+        await self._call("save_state", path)
+
+    async def load_state(self, path: str) -> None:
+        """Load the engine's state from folder ``path``, read by the actor on its own node."""
+        await self._call("load_state", path)
 
     async def shutdown(self) -> None:
         """Shut the engine down, then kill the actor."""
