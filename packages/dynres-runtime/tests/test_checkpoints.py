@@ -38,6 +38,11 @@ CFG = load_config(
 )
 
 
+STATIC = CFG.model_copy(
+    update={"async_training": CFG.async_training.model_copy(update={"use_dynamic_resource_scheduling": False})}
+)
+
+
 def segment(out: Path, *, steps: int, resume: dict[str, Any] | None = None, every: int = 2) -> tuple[Any, Any]:
     """One run segment into folder ``out``: fresh, or resumed from ``resume`` (a loaded checkpoint)."""
     cl = FakeCluster(2, 1, tokens_per_s=100, response_tokens=20, phase_times={"update_actor": 0.5})
@@ -100,13 +105,13 @@ def test_periodic_checkpoints_hold_the_ledger_count_and_the_trainer(tmp_path: Pa
 
 
 def test_resume_after_a_crash_trains_every_admitted_sample_exactly_once(tmp_path: Path) -> None:
-    first, _ = segment(tmp_path, steps=6)
+    segment(tmp_path, steps=6)
     # The process died after cycle 6's training but before checkpoint 6 was usable: resume at 4.
     store = CheckpointStore(tmp_path / CHECKPOINTS_DIR)
     at4 = store.load(store.root / "step-000004")
     lines_before = read_ledger(tmp_path / LEDGER_FILE)
     assert len(lines_before) > at4["ledger_lines"]  # lines of cycles 5-6 that the crash undoes
-    second, run2 = segment(tmp_path, steps=9, resume=at4)
+    second, _ = segment(tmp_path, steps=9, resume=at4)
     assert [c.step for c in second.cycles] == [5, 6, 7, 8, 9]
     assert second.weight_version == 9
     lines = read_ledger(tmp_path / LEDGER_FILE)
@@ -204,9 +209,7 @@ def test_checkpoint_save_failure_does_not_end_the_run(tmp_path: Path) -> None:
     cl.engine.fail_on["save_state"] = BackendError("disk full")
     run = FullyAsyncRun(
         RunSpec(
-            config=CFG.model_copy(
-                update={"async_training": CFG.async_training.model_copy(update={"use_dynamic_resource_scheduling": False})}
-            ),
+            config=STATIC,
             policy=load_policy("static_fully_async"),
             standalone=cl.standalone,
             hybrid=[],

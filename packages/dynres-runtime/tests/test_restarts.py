@@ -9,6 +9,7 @@ time only, so which request a death interrupts does not depend on how busy the m
 from __future__ import annotations
 
 import asyncio
+import itertools
 from typing import Any
 
 import pytest
@@ -208,7 +209,7 @@ def test_restart_budget_backs_off_then_quarantines() -> None:
     )
     ledger.assert_exactly_once()
     assert len(attempts) == 3
-    gaps = [round(b - a, 3) for a, b in zip(attempts, attempts[1:], strict=False)]
+    gaps = [round(b - a, 3) for a, b in itertools.pairwise(attempts)]
     assert gaps == [1.0, 2.0]  # waits of 0.5, 1, 2 s: doubling
     assert "restart budget (3) is spent" in report.quarantined["s1"]
     assert "no placement fits" in report.quarantined["s1"]
