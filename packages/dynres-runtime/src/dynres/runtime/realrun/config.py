@@ -57,6 +57,15 @@ class RunSection(StrictModel):
         "(count; 0 = none; needs hybrid replicas; a hybrid replica that starts awake is put to sleep either way). "
         "Costs one idle switch per round, once per run. Formerly `startup_probe`, still read with a warning.",
     )
+    checkpoint_every: int = Field(
+        10,
+        ge=0,
+        le=1_000_000,
+        description="Write a checkpoint into <out>/checkpoints every this many cycles and after the last one "
+        "(count; 0 = never): the trainer's weights and optimizer state, the queue and partial samples, the "
+        "policy state and the prompt source's position; `dynres run CONFIG --resume DIR` continues from the "
+        "latest one. The newest two are kept.",
+    )
 
 
 class EnginesSection(StrictModel):
@@ -74,6 +83,13 @@ class EnginesSection(StrictModel):
         default_factory=dict, description="Overrides of rollout_options for hybrid replicas only."
     )
     trainer_options: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the train engine.")
+    max_restarts: int = Field(
+        3,
+        ge=0,
+        le=1000,
+        description="Times a replica whose actor, process or node is gone is recreated over the run, each after "
+        "a backoff (1 s, doubling up to 60 s); then it is quarantined (count; 0 = never recreate).",
+    )
 
 
 def _tiny_spec_model() -> type[StrictModel]:
