@@ -14,7 +14,7 @@ from typing import Any
 
 from dynres.core.config import validate_model
 from dynres.core.errors import ConfigError
-from dynres.runtime.protocols import ReplicaKind, TrainStepResult
+from dynres.runtime.protocols import CheckpointableTrainEngine, ReplicaKind, TrainStepResult
 from dynres.runtime.realrun.config import RunConfig, load_run_policy
 
 CYCLE_MEAN_PREFIX = "cycle_mean/"
@@ -70,8 +70,9 @@ def build_trainer(*, engine: str, options: Mapping[str, Any], model_path: str | 
     raise ConfigError(f"engines.trainer={engine!r} is not a known engine; use 'torch' or 'fake'")
 
 
-def prompt_groups(cfg: RunConfig) -> Iterator[Any]:
-    """Endless prompt groups of the toy task: ``task.num_prompts`` prompts, cycled, ids unique."""
+def prompt_groups(cfg: RunConfig, start: int = 0) -> Iterator[Any]:
+    """Endless prompt groups of the toy task: ``task.num_prompts`` prompts, cycled, ids unique
+    (``s<k>`` for the k-th group); ``start``: begin at group ``start`` (a resumed run's position)."""
     from dynres.runtime.realrun.tiny_task import make_prompts
     from dynres.runtime.samples import PromptGroup
 
@@ -80,7 +81,7 @@ def prompt_groups(cfg: RunConfig) -> Iterator[Any]:
         task.num_prompts, length=task.prompt_length, vocab_size=cfg.tiny_spec().vocab_size, seed=cfg.run.seed
     )
     n = cfg.actor_rollout_ref.rollout.n
-    for k in itertools.count():
+    for k in itertools.count(start):
         yield PromptGroup(
             sample_id=f"s{k}",
             prompt_token_ids=prompts[k % len(prompts)],
@@ -128,6 +129,19 @@ class TrainTap:
         """Shut the inner engine down."""
         await self._inner.shutdown()
 
+    @property
+    def can_save_state(self) -> bool:
+        """True when the inner engine saves and loads its state (a run checkpoint holds it then)."""
+        return isinstance(self._inner, CheckpointableTrainEngine) and getattr(self._inner, "can_save_state", True)
+
+    async def save_state(self, path: str) -> None:
+        """Save the inner engine's state into folder ``path``."""
+        await self._inner.save_state(path)
+
+    async def load_state(self, path: str) -> None:
+        """Load the inner engine's state from folder ``path``."""
+        await self._inner.load_state(path)
+
     def take_means(self) -> dict[str, float]:
         """Mean of each metric over the steps since the last call (then forget them)."""
         steps, self._pending = self._pending, []
@@ -145,13 +159,34 @@ def build_spec(
     train_engine: Any,
     progress: Callable[[Any], Any] | None,
     config: Mapping[str, Any],
+    out_dir: str | None = None,
+    resume: Mapping[str, Any] | None = None,
+    restart: str | Callable[..., Any] | None = None,
 ) -> Any:
-    """The RunSpec of a run file (``config`` is RunConfig data); runs where the loop will run."""
+    """The RunSpec of a run file (``config`` is RunConfig data); runs where the loop will run.
+
+    With ``out_dir`` the run keeps ``ledger.jsonl`` and ``checkpoints/`` there (every
+    ``run.checkpoint_every`` cycles); ``resume`` is a checkpoint loaded from that folder (the run
+    goes on from it to ``run.steps``); ``restart`` recreates a gone replica (a ReplicaRestarter,
+    or its ``"module:function"`` path).
+    """
+    from dynres.runtime.backends.ray.factory import resolve_target
+    from dynres.runtime.loop.checkpoint import CHECKPOINTS_DIR, CheckpointStore
     from dynres.runtime.loop.driver import RunSpec
+    from dynres.runtime.loop.ledger import LEDGER_FILE, LedgerWriter
 
     cfg = validate_model(RunConfig, config, "config")
     policy = load_run_policy(cfg)
     tap = TrainTap(train_engine)
+    done = int(resume["global_steps"]) if resume else 0
+    store = ledger = None
+    if out_dir is not None:
+        store = CheckpointStore(Path(out_dir) / CHECKPOINTS_DIR)
+        ledger = LedgerWriter(
+            Path(out_dir) / LEDGER_FILE,
+            segment=int(resume.get("segment", 0)) + 1 if resume else 0,
+            keep_lines=int(resume.get("ledger_lines", 0)) if resume else None,
+        )
 
     def on_cycle(cycle: Any) -> Any:
         cycle.train_metrics.update(tap.take_means())
@@ -163,14 +198,20 @@ def build_spec(
         standalone=list(standalone),
         hybrid=list(hybrid),
         train_engine=tap,
-        prompts=prompt_groups(cfg),
-        num_cycles=cfg.run.steps,
+        prompts=prompt_groups(cfg, start=int(resume["prompts"]["position"]) if resume else 0),
+        num_cycles=cfg.run.steps - done,
         progress=on_cycle,
         op_timeout_s=cfg.run.op_timeout_s,
         policy_timeout_s=cfg.run.policy_timeout_s,
         sleep_level=cfg.run.sleep_level,
         seed=cfg.run.seed,
         calibration_switches=cfg.run.calibration_switches,
+        resume_from=resume,
+        checkpoints=store,
+        checkpoint_every=cfg.run.checkpoint_every if store is not None else 0,
+        ledger=ledger,
+        restart_replica=resolve_target(restart) if restart is not None else None,
+        max_restarts=cfg.engines.max_restarts,
     )
 
 
