@@ -46,8 +46,41 @@ def seeds_option(help_text: str) -> Callable[[Any], Any]:
 
 
 def quiet_option() -> Callable[[Any], Any]:
-    """``-q/--quiet``: no progress bar (the one spelling every command uses)."""
-    return click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
+    """``-q/--quiet``: no progress display (the one spelling every command uses)."""
+    return click.option("-q", "--quiet", is_flag=True, help="No progress display (bars, start-up phases).")
+
+
+def show_progress(quiet: bool, json_dest: str | None) -> bool:
+    """Progress displays (bars, start-up phases) are for a person at a terminal: none with ``-q``,
+    with ``--json -`` (stdout is data then) or when stdout or stderr is not a terminal."""
+    if quiet or json_dest == STDOUT:
+        return False
+    from rich.console import Console
+
+    return Console().is_terminal and Console(stderr=True).is_terminal
+
+
+def decision_warnings(report: Any, label: str) -> list[str]:
+    """One warning line each for a run's policy fallbacks and clamped answers (none when there were none).
+
+    Both are in the JSON report too, decision by decision (``cycles[].decisions[]`` with
+    ``fallback``, ``clamped`` and ``reason``); these lines say that they happened and where to look.
+    """
+    decisions = [d for c in report.cycles for d in c.decisions] + list(getattr(report, "startup_decisions", []))
+    lines = []
+    for flag, what in (
+        ("fallback", "fell back to the safe decision (it raised, timed out or returned a wrong type or value)"),
+        ("clamped", "gave an answer outside the safe range, which was clamped"),
+    ):
+        hits = [d for d in decisions if getattr(d, flag)]
+        if hits:
+            first = hits[0]
+            lines.append(
+                f"warning: {label}: policy {report.policy!r} {what} {len(hits)} time(s), first in cycle "
+                f"{first.global_steps + 1} at {first.method}: {first.reason or first.raw}; each is in the "
+                f"JSON report under cycles[].decisions[] ({flag}: true, reason)"
+            )
+    return lines
 
 
 def human_console(json_dest: str | None, *, width: int | None = None) -> Any:

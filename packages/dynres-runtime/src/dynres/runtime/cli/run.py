@@ -1,7 +1,9 @@
 """``dynres run CONFIG``: start a real fully-async run from one YAML file and follow it.
 
-Progress goes to stderr (a rich progress bar on a terminal, one line per cycle always); the
-summary goes to stdout (to stderr when ``--json -`` puts the RunReport on stdout). Files land in ``--out``:
+Progress goes to stderr: on a terminal (and not with ``-q`` or ``--json -``) the start-up phases,
+then a bar over cycles; the ``console`` tracking backend (``trainer.logger``, on by default)
+prints one line per cycle. The summary goes to stdout (to stderr when ``--json -`` puts the
+RunReport on stdout). Files land in ``--out`` (default: a fresh ``dynres-runs/<config name>``):
 ``metrics.jsonl`` (one record per cycle, written as cycles finish), ``report.json``,
 ``backend.json`` and ``plots/``. Ctrl-C stops cleanly (in-flight requests aborted, engines shut
 down, Ray stopped), also during the switch calibration, writes report.json with what the run had
@@ -19,7 +21,7 @@ from typing import Any
 
 import click
 
-from dynres.runtime.cli.output import STDOUT, emit_json, json_option, quiet_option
+from dynres.runtime.cli.output import STDOUT, emit_json, json_option, quiet_option, show_progress
 
 EXIT_INTERRUPTED = 130
 """Exit status after Ctrl-C (128 + SIGINT), as shells report it."""
@@ -104,7 +106,7 @@ def command(
     for note in plan.notes:
         err.print(note)
     err.print(_header(plan))
-    outcome = _execute_with_progress(plan, err, quiet=quiet)
+    outcome = _execute_with_progress(plan, err, show=show_progress(quiet, json_dest))
     if json_dest:
         emit_json(json_dest, outcome.report.to_dict(), allow_nan=True)
         if json_dest == STDOUT:
@@ -135,43 +137,87 @@ def _header(plan: Any) -> str:
     )
 
 
-class _CycleLines:
-    """One line per finished cycle on stderr, above a progress bar over cycles when there is one."""
+PHASE_TEXT = {
+    "ray": "starting Ray",
+    "model": "preparing the model",
+    "engines": "starting engines",
+    "calibration": "switch calibration",
+}
+"""What the start-up line says in each phase (keys: dynres.runtime.realrun.status phases)."""
+HYBRID_TEXT = {"STANDALONE_ONLY": "off", "HYBRID_ACTIVE": "on"}
+"""How the bar names the controller's state (the transitional states by their own name)."""
 
-    def __init__(self, err: Any, total: int, *, quiet: bool) -> None:
-        """Lines go to console ``err``; the bar (not when ``quiet`` or off a terminal) counts ``total`` cycles."""
-        self.err = err
+
+class _RunDisplay:
+    """On a terminal: the start-up phases, then a bar over cycles with its ETA, the latest reward,
+    the queue size and the hybrid state. Nothing at all without a terminal, with -q or --json -."""
+
+    def __init__(self, err: Any, total: int, *, enabled: bool) -> None:
+        """Draw on console ``err`` when ``enabled``; the bar counts ``total`` cycles."""
         self.total = total
-        self.progress, self.task = _progress(err, total, disabled=quiet)
+        self.reward = ""
+        self.phase = ""
+        self.progress = _progress(err) if enabled else None
+        self.startup: Any = None
+        self.cycles: Any = None
 
-    def on_cycle(self, cycle: Any, rec: dict[str, Any]) -> None:
-        """Move the bar to finished ``cycle`` (its line comes from the ``console`` tracking backend)."""
-        if self.progress is not None:
-            self.progress.update(self.task, completed=cycle.step)
+    def on_phase(self, phase: str, done: int, total: int) -> None:
+        """Show start-up ``phase`` (``done`` of ``total`` for the engines): one line per phase, the last shown."""
+        if self.progress is None or self.cycles is not None:
+            return
+        if phase != self.phase:
+            if self.startup is not None:
+                self.progress.update(self.startup, visible=False)
+            self.startup = self.progress.add_task(PHASE_TEXT.get(phase, phase), total=total or None, status="")
+            self.phase = phase
+        self.progress.update(self.startup, completed=done, total=total or None)
 
     def on_status(self, status: dict[str, Any]) -> None:
-        """Show the run's live state, queue size and in-flight requests next to the bar."""
-        if self.progress is not None:
-            self.progress.update(
-                self.task,
-                status=f"{status.get('state', '?')} queue {status.get('queue', 0)} "
-                f"in-flight {status.get('in_flight', 0)}",
-            )
+        """The run's live status: the calibration phase, then the cycle bar's state, queue and reward."""
+        if self.progress is None:
+            return
+        if status.get("phase") == "calibration":
+            self.on_phase("calibration", 0, 0)
+            return
+        self._cycles_started()
+        state = str(status.get("state", "?"))
+        hybrid = HYBRID_TEXT.get(state, state.lower())
+        self.progress.update(self.cycles, status=f"{self.reward}queue {status.get('queue', 0)}  hybrid {hybrid}")
+
+    def on_cycle(self, cycle: Any, rec: dict[str, Any]) -> None:
+        """Move the bar to finished ``cycle`` and keep its reward (its line comes from the console backend)."""
+        if self.progress is None:
+            return
+        from dynres.core.metrics import reward_key
+
+        self._cycles_started()
+        rk = reward_key(rec)
+        self.reward = f"reward {rec[rk]:.3f}  " if rk else ""
+        self.progress.update(self.cycles, completed=cycle.step)
+
+    def _cycles_started(self) -> None:
+        """Swap the start-up line for the cycle bar (once)."""
+        assert self.progress is not None
+        if self.cycles is None:
+            if self.startup is not None:
+                self.progress.update(self.startup, visible=False)
+            self.cycles = self.progress.add_task("cycles", total=self.total, status="")
 
 
-def _execute_with_progress(plan: Any, err: Any, *, quiet: bool) -> Any:
-    """Run ``plan`` showing its cycles; after Ctrl-C say what was kept and exit with status 130."""
+def _execute_with_progress(plan: Any, err: Any, *, show: bool) -> Any:
+    """Run ``plan`` showing its start-up and cycles; after Ctrl-C say what was kept and exit with status 130."""
     from dynres.runtime.realrun import execute
 
-    lines = _CycleLines(err, plan.config.run.steps, quiet=quiet)
+    display = _RunDisplay(err, plan.config.run.steps, enabled=show)
     out = plan.out_dir
     try:
-        with lines.progress if lines.progress is not None else contextlib.nullcontext():
+        with display.progress if display.progress is not None else contextlib.nullcontext():
             return execute(
                 plan.config,
                 out,
-                on_cycle=lines.on_cycle,
-                on_status=lines.on_status,
+                on_cycle=display.on_cycle,
+                on_status=display.on_status,
+                on_phase=display.on_phase,
                 plots=plan.plots,
                 plot_dir=plan.plot_dir,
                 tracking=plan.tracking,
@@ -211,26 +257,47 @@ def _summary(report: Any, outcome: Any, out: Path, *, to_stderr: bool) -> None:
     lags = outcome.backend.get("loop_lag")
     if lags:
         echo("event-loop max gap (ms): " + ", ".join(f"{k} {v:g}" for k, v in lags.items()))
+    from dynres.runtime.cli.output import decision_warnings
+
+    for line in decision_warnings(report, f"run {out.name}"):
+        echo(line)
     if report.quarantined:
         for rid, why in report.quarantined.items():
             echo(f"replica {rid} was taken out of the run: {why}")
     echo(f"metrics: {out / 'metrics.jsonl'}; report: {out / 'report.json'}")
 
 
-def _progress(console: Any, total: int, *, disabled: bool) -> tuple[Any, Any]:
-    """A rich progress bar over cycles, or (None, None) when disabled or not on a terminal."""
-    if disabled or not console.is_terminal:
-        return None, None
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+def _progress(console: Any) -> Any:
+    """The rich progress display of a run: a spinner line per start-up phase, then the cycle bar with its ETA."""
+    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    progress = Progress(
-        TextColumn("[bold]cycles"),
+    return Progress(
+        SpinnerColumn(),
+        TextColumn("[bold]{task.description}"),
         BarColumn(),
-        MofNCompleteColumn(),
         TimeElapsedColumn(),
+        _count_and_eta_column(),
         TextColumn("{task.fields[status]}"),
         console=console,
         transient=True,
     )
-    task = progress.add_task("run", total=total, status="starting")
-    return progress, task
+
+
+def _count_and_eta_column() -> Any:
+    """``n/m`` for a counted task, plus ``ETA h:mm:ss`` on the cycle bar once rich can estimate it."""
+    import datetime
+
+    from rich.progress import ProgressColumn
+    from rich.text import Text
+
+    class CountAndEta(ProgressColumn):
+        def render(self, task: Any) -> Text:
+            if task.total is None:
+                return Text("")
+            text = f"{int(task.completed)}/{int(task.total)}"
+            left = task.time_remaining
+            if task.description == "cycles" and left is not None:
+                text += f"  ETA {datetime.timedelta(seconds=round(left))}"
+            return Text(text, style="progress.remaining")
+
+    return CountAndEta()

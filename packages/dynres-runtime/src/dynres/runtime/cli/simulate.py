@@ -113,13 +113,24 @@ def _seed_lines(comparison: Any) -> list[str]:
     ]
 
 
-def _progress_observer(err: Any, progress: Any) -> Any:
-    """A PlanObserver that moves one rich progress bar per run and warns on stderr about policy fallbacks."""
+SHOW_AFTER_S = 2.0
+"""Progress bars appear once a simulation has run this long (wall seconds): a plan that finishes
+sooner prints its tables without a flash of bars."""
+
+
+def _progress_observer(err: Any, progress: Any, *, enabled: bool) -> Any:
+    """A PlanObserver that moves one rich progress bar per run (drawn once the plan has run
+    :data:`SHOW_AFTER_S`) and warns on stderr about policy fallbacks and clamped answers."""
+    import time
+
+    from dynres.runtime.cli.output import decision_warnings
     from dynres.runtime.sim.comparison import PlanObserver
 
     class Bars(PlanObserver):
         def __init__(self) -> None:
             self.tasks: dict[int, Any] = {}
+            self.t0 = time.perf_counter()  # the CLI's own wall clock, for when to draw; never the simulation's
+            self.started = False
 
         def run_started(self, run: Any) -> None:
             self.tasks[run.number] = progress.add_task(
@@ -128,42 +139,45 @@ def _progress_observer(err: Any, progress: Any) -> Any:
 
         def cycle_done(self, run: Any, cycle: Any) -> None:
             progress.update(self.tasks[run.number], advance=1, sim_h=f"{cycle.end_s / 3600:.2f} h")
+            if enabled and not self.started and time.perf_counter() - self.t0 >= SHOW_AFTER_S:
+                self.started = True
+                progress.start()
 
         def run_done(self, run: Any, result: Any) -> None:
-            if result.report.policy_fallbacks:
-                err.print(
-                    f"[yellow]warning:[/] #{run.number} {run.label}: policy {result.policy!r} fell back to the "
-                    f"safe decision {result.report.policy_fallbacks} time(s) (raised, timed out or "
-                    "returned a wrong type); see the JSON report's decisions"
-                )
+            for line in decision_warnings(result.report, f"#{run.number} {run.label}"):
+                err.print(line, markup=False, highlight=False)
 
     return Bars()
 
 
 def _simulate_with_progress(plan: Any, *, quiet: bool, json_dest: str | None, tracking_dir: Path | None) -> Any:
-    """Simulate ``plan`` with a progress bar per run on stderr (when it is a terminal and not quiet),
-    tracking each run with the backends its trainer.logger names."""
+    """Simulate ``plan`` with a progress bar per run on stderr (for a person at a terminal: not with
+    -q or --json -, and only once the plan runs longer than :data:`SHOW_AFTER_S`), tracking each
+    run with the backends its trainer.logger names."""
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+    from dynres.runtime.cli.output import show_progress
     from dynres.runtime.sim.comparison import ObserverGroup, TrackingObserver, simulate_plan
 
     err = Console(stderr=True)
     tracking = TrackingObserver(plan, tracking_dir or Path("."), warn=lambda line: err.print(f"warning: {line}"))
+    progress = Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("steps, {task.fields[sim_h]} simulated, ETA"),
+        TimeRemainingColumn(),
+        console=err,
+        transient=False,
+    )
+    bars = _progress_observer(err, progress, enabled=show_progress(quiet, json_dest))
     try:
-        with Progress(
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("steps, {task.fields[sim_h]} simulated"),
-            TimeElapsedColumn(),
-            console=err,
-            disable=quiet or not err.is_terminal,
-            transient=False,
-        ) as progress:
-            return simulate_plan(plan, ObserverGroup(tracking, _progress_observer(err, progress)))
+        return simulate_plan(plan, ObserverGroup(tracking, bars))
     finally:
         tracking.close()
+        if bars.started:
+            progress.stop()
 
 
 def _check_outputs(json_dest: str | None, plot_dir: str | None) -> None:

@@ -57,6 +57,7 @@ from dynres.runtime.realrun.output import (
     write_config,
     write_report,
 )
+from dynres.runtime.realrun.status import ENGINES, MODEL, RAY, PhaseCallback, run_status
 from dynres.runtime.tracking import TrackerSet, resolve_backends
 
 logger = logging.getLogger("dynres.runtime.realrun")
@@ -92,6 +93,7 @@ async def _run_local(
     sink: MetricsSink,
     backend: dict[str, Any],
     on_interrupt: Callable[[Any], None],
+    watch: _Watch,
 ) -> Any:
     """Build every engine in this process and run the loop here (``engines.runtime: local``).
 
@@ -102,28 +104,60 @@ async def _run_local(
     s_f, h_f, t_f = engine_factories(cfg, model_path)
     dyn = cfg.dynres_config()
     t0 = time.perf_counter()
-    standalone = [
-        await s_f.build(replica_id=f"standalone-{i}", kind="standalone") for i in range(dyn.num_standalone_replicas)
+    builds = [
+        *((s_f, f"standalone-{i}", "standalone") for i in range(dyn.num_standalone_replicas)),
+        *((h_f, f"hybrid-{i}", "hybrid") for i in range(dyn.num_hybrid_replicas)),
     ]
-    hybrid = [await h_f.build(replica_id=f"hybrid-{i}", kind="hybrid") for i in range(dyn.num_hybrid_replicas)]
+    watch.phase(ENGINES, 0, len(builds) + 1)
+    engines = []
+    for n, (factory, rid, kind) in enumerate(builds, start=1):
+        engines.append(await factory.build(replica_id=rid, kind=kind))
+        watch.phase(ENGINES, n, len(builds) + 1)
     trainer = await t_f.build()
+    watch.phase(ENGINES, len(builds) + 1, len(builds) + 1)
+    standalone, hybrid = engines[: dyn.num_standalone_replicas], engines[dyn.num_standalone_replicas :]
     backend["engines_start_s"] = time.perf_counter() - t0
     try:
         spec = build_spec(
             standalone=standalone, hybrid=hybrid, train_engine=trainer, progress=sink, config=cfg.model_dump()
         )
         run = FullyAsyncRun(spec)
+        poller = asyncio.ensure_future(watch.poll(run))
         try:
             return await run.run()
         except asyncio.CancelledError:
             on_interrupt(run.interrupted_report)
             raise
+        finally:
+            poller.cancel()
     finally:
         for engine in [*standalone, *hybrid, trainer]:
             try:
                 await asyncio.wait_for(engine.shutdown(), cfg.ray.shutdown_timeout_s)
             except Exception as exc:
                 logger.warning("shutdown of %r failed: %s", engine, exc)
+
+
+@dataclass
+class _Watch:
+    """The display's callbacks of one run: start-up phases, and the run's status every ``poll_s`` seconds."""
+
+    on_phase: PhaseCallback | None
+    on_status: Callable[[dict[str, Any]], None] | None
+    poll_s: float
+
+    def phase(self, phase: str, done: int = 0, total: int = 0) -> None:
+        """Tell the display a start-up phase began or moved on."""
+        if self.on_phase is not None:
+            self.on_phase(phase, done, total)
+
+    async def poll(self, run: Any) -> None:
+        """Pass :func:`~dynres.runtime.realrun.status.run_status` of ``run`` on until cancelled."""
+        if self.on_status is None:
+            return
+        while True:
+            self.on_status(run_status(run))
+            await asyncio.sleep(self.poll_s)
 
 
 def execute(
@@ -137,6 +171,7 @@ def execute(
     plot_dir: str | Path | None = None,
     tracking: Sequence[TrackingBackend] | None = None,
     on_tracking_problem: Callable[[str], Any] | None = None,
+    on_phase: PhaseCallback | None = None,
 ) -> RunOutcome:
     """Run ``cfg`` to the end (or Ctrl-C); write metrics.jsonl, report.json, backend.json, plots.
 
@@ -144,6 +179,8 @@ def execute(
     also goes to the ``tracking`` backends (default: those ``trainer.logger`` names), opened
     before anything starts and finished when the run ends, however it ends; a backend that
     fails mid-run is stopped and named through ``on_tracking_problem`` (default: a log warning).
+    ``on_phase(phase, done, total)`` hears the start-up phases (:mod:`.status`) and ``on_status``
+    the run's live status every ``poll_s`` seconds.
     Raises :class:`RunInterrupted` (a KeyboardInterrupt) after a clean teardown when interrupted,
     with report.json holding what the run had (no plots); DynresError on a bad config or a
     failing backend.
@@ -155,7 +192,7 @@ def execute(
     write_config(out, cfg)
     trackers = TrackerSet(backends, tracked_run(cfg, out), warn=on_tracking_problem)
     try:
-        return _execute(cfg, out, trackers, on_cycle, on_status, poll_s, plots, plot_dir)
+        return _execute(cfg, out, trackers, on_cycle, _Watch(on_phase, on_status, poll_s), plots, plot_dir)
     finally:
         trackers.finish(trackers.summary)
 
@@ -177,12 +214,12 @@ def _execute(
     out: Path,
     trackers: TrackerSet,
     on_cycle: Callable[[Any, dict[str, Any]], None] | None,
-    on_status: Callable[[dict[str, Any]], None] | None,
-    poll_s: float,
+    watch: _Watch,
     plots: bool,
     plot_dir: str | Path | None,
 ) -> RunOutcome:
     """:func:`execute` once the output folder and the trackers are open."""
+    watch.phase(MODEL)
     model_path = prepare_model(cfg, out)
     backend: dict[str, Any] = {
         "runtime": cfg.engines.runtime,
@@ -200,14 +237,17 @@ def _execute(
 
     try:
         if cfg.engines.runtime == "local":
-            report = asyncio.run(_run_local(cfg, model_path, sink, backend, on_interrupt))
+            report = asyncio.run(_run_local(cfg, model_path, sink, backend, on_interrupt, watch))
         else:
             from dynres.runtime.backends.ray.cluster import RayCluster
             from dynres.runtime.realrun.on_ray import run_on_ray
 
+            watch.phase(RAY)
             cluster_conn = RayCluster(cfg.ray)
             cluster_conn.connect()  # blocking by nature: done before the event loop starts
-            report = asyncio.run(run_on_ray(cfg, model_path, sink, backend, on_status, poll_s, on_interrupt))
+            report = asyncio.run(
+                run_on_ray(cfg, model_path, sink, backend, watch.on_status, watch.poll_s, on_interrupt, watch.on_phase)
+            )
         outcome.report = report
         trackers.summary = run_summary(report)
     except KeyboardInterrupt as exc:

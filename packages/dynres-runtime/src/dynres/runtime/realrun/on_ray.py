@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from dynres.core.errors import DynresError, RuntimeStateError
 from dynres.runtime.backends.ray.factory import Factory
 from dynres.runtime.backends.ray.monitor import LoopLag, LoopLagMonitor
+from dynres.runtime.realrun.status import ENGINES, PhaseCallback, run_status
 
 if TYPE_CHECKING:
     from dynres.core.config import DynresConfig
@@ -66,22 +67,8 @@ class CoordinatorActor:
         return self._events[since:]
 
     async def status(self) -> dict[str, Any]:
-        """A live snapshot: controller state, queue size, sample counters, in-flight requests."""
-        run = self._run
-        if run is None or run.controller is None:
-            return {"state": "STARTING"}
-        out: dict[str, Any] = {
-            "state": run.controller.state.value,
-            "queue": run.queue.size if run.queue is not None else 0,
-            "in_flight": run.balancer.total_in_flight if run.balancer is not None else 0,
-            "routable": run.balancer.replica_ids if run.balancer is not None else [],
-            "quarantined": dict(run.controller.quarantined),
-        }
-        if run.rollouter is not None:
-            out["generated"] = run.rollouter.generated
-        if run.queue is not None:
-            out["consumed"] = run.queue.consumed
-        return out
+        """A live snapshot (:func:`~dynres.runtime.realrun.status.run_status`): state, queue, counters, phase."""
+        return run_status(self._run)
 
     async def stop(self, timeout_s: float = 60.0) -> dict[str, Any]:
         """Cancel the run; its teardown aborts every in-flight request. Returns what was left.
@@ -132,6 +119,7 @@ async def run_on_ray(
     on_status: Callable[[dict[str, Any]], None] | None,
     poll_s: float,
     on_interrupt: Callable[[Any], None] | None = None,
+    on_phase: PhaseCallback | None = None,
 ) -> Any:
     """Start the engines as Ray actors, run the loop in a :class:`CoordinatorActor`, stream cycles to ``sink``.
 
@@ -150,7 +138,9 @@ async def run_on_ray(
     coordinator = None
     run_fut: asyncio.Future[Any] | None = None
     try:
-        system, trainer = await _start_engines(cluster, dyn, factories, backend, ray)
+        if on_phase is not None:
+            on_phase(ENGINES, 0, dyn.num_standalone_replicas + dyn.num_hybrid_replicas + 1)
+        system, trainer = await _start_engines(cluster, dyn, factories, backend, ray, on_phase)
         # The coordinator sits next to the driver: progress polls stay local, and losing a
         # rollout node never takes the run's brain with it.
         coordinator = cluster.spawn(
@@ -184,13 +174,20 @@ async def _start_engines(
     factories: tuple[Factory | None, Factory | None, Factory],
     backend: dict[str, Any],
     ray: Any,
+    on_phase: PhaseCallback | None = None,
 ) -> tuple[RaySystem, RayTrainEngine]:
     """Place and start every engine; note start-up time, placement and live nodes in ``backend``.
 
-    Returns the RaySystem and its train engine proxy (a system without one is an error).
+    Returns the RaySystem and its train engine proxy (a system without one is an error); each
+    engine started is told to ``on_phase`` (:data:`~dynres.runtime.realrun.status.ENGINES`, n of m).
     """
     s_f, h_f, t_f = factories
-    system = await cluster.start(dyn, standalone=s_f, hybrid=h_f, trainer=t_f)
+
+    def started(done: int, total: int) -> None:
+        if on_phase is not None:
+            on_phase(ENGINES, done, total)
+
+    system = await cluster.start(dyn, standalone=s_f, hybrid=h_f, trainer=t_f, on_started=started)
     trainer = system.trainer
     if trainer is None:
         raise RuntimeStateError("the Ray cluster started no train engine; give RayCluster.start a trainer factory")

@@ -21,7 +21,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -209,17 +209,19 @@ class RayCluster:
         standalone: Factory | None,
         hybrid: Factory | None,
         trainer: Factory,
+        on_started: Callable[[int, int], Any] | None = None,
     ) -> RaySystem:
         """Reserve bundles for both pools and start every engine concurrently; return the proxies.
 
         ``standalone`` / ``hybrid`` build one replica each (called with ``replica_id`` and
-        ``kind``); ``trainer`` builds the train engine. Raises BackendTimeoutError naming what
-        is missing when the cluster cannot host the placement in ``placement_timeout_s``.
+        ``kind``); ``trainer`` builds the train engine. ``on_started(done, total)`` hears each
+        engine that finished starting (a progress display). Raises BackendTimeoutError naming
+        what is missing when the cluster cannot host the placement in ``placement_timeout_s``.
         """
         t0 = time.perf_counter()
         trainer_pgs, rollout_pgs = await self._place(dyn)
         self._create_actors(dyn, trainer_pgs, rollout_pgs, standalone=standalone, hybrid=hybrid, trainer=trainer)
-        await self._start_engines()
+        await self._start_engines(on_started)
         self.system.start_s = time.perf_counter() - t0
         return self.system
 
@@ -301,13 +303,23 @@ class RayCluster:
                 spec = SpawnSpec(opts["name"], opts, (rid, ReplicaKind.HYBRID.value, hybrid, lag))
                 self.system.hybrid.append(_spawn_replica(spec))
 
-    async def _start_engines(self) -> None:
+    async def _start_engines(self, on_started: Callable[[int, int], Any] | None = None) -> None:
         """Build every engine in its actor concurrently; keep each actor's info on its proxy."""
         sys_ = self.system
         proxies: list[Any] = [sys_.trainer, *sys_.standalone, *sys_.hybrid]
+        done = 0
+
+        async def start(proxy: Any) -> ActorInfo:
+            nonlocal done
+            info: ActorInfo = await proxy._call("start")
+            done += 1
+            if on_started is not None:
+                on_started(done, len(proxies))
+            return info
+
         try:
             infos: list[ActorInfo] = await asyncio.wait_for(
-                asyncio.gather(*(p._call("start") for p in proxies)), self.config.start_timeout_s
+                asyncio.gather(*(start(p) for p in proxies)), self.config.start_timeout_s
             )
         except TimeoutError:
             raise BackendTimeoutError(
