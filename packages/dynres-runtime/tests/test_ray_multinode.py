@@ -1,10 +1,13 @@
-"""Multi-node Ray: placement follows the node pools, and losing a rollout node loses no sample.
+"""Multi-node Ray: placement follows the node pools, and a replica whose node is lost comes back
+on another node, losing no sample.
 
-A ``ray.cluster_utils.Cluster`` with three nodes on this machine: the head (driver, coordinator,
-trainer and the hybrid replica) and two rollout nodes with one standalone replica each (custom
-resources pin each rollout placement group to its node). Mid-rollout one rollout node is
-removed; its replica's requests must be retried on the survivors, every admitted sample must
-still be accounted for, and the report must name the dead replica.
+A ``ray.cluster_utils.Cluster`` with four nodes on this machine: the head (driver, coordinator,
+trainer and the hybrid replica), two rollout nodes with one standalone replica each (custom
+resources pin each rollout placement group to a rollout node) and a spare rollout node with
+nothing on it. Mid-rollout one busy rollout node is removed: its replica's requests must be
+retried on the survivors, Ray moves its placement group to the spare node, the replica is
+recreated there (``respawn_replica``) with the current weights and serves again, every
+admitted sample is still accounted for, and the report names the replica and the cause.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from dynres.runtime.realrun.on_ray import CoordinatorActor
 
 ROLLOUT = {"tokens_per_s": 40.0, "response_tokens": 24, "latency": {"sleep": 0.05, "wake_up": 0.05}}
 RUN = {
-    "run": {"steps": 5, "seed": 3},
+    "run": {"steps": 6, "seed": 3},
     "ray": {
         "trainer_slot": {"CPU": 0.2, "trainer_slot": 1},
         "standalone_slot": {"CPU": 0.2, "rollout_slot": 1},
@@ -46,9 +49,9 @@ RUN = {
 }
 
 
-def test_losing_a_rollout_node_reroutes_and_loses_nothing():
+def test_losing_a_rollout_node_recreates_its_replica_on_the_spare_node_and_loses_nothing():
     head = {"num_cpus": 2, "resources": {"trainer_slot": 1}}
-    workers = [{"num_cpus": 1, "resources": {"rollout_slot": 1}} for _ in range(2)]
+    workers = [{"num_cpus": 1, "resources": {"rollout_slot": 1}} for _ in range(3)]
     with multi_node_cluster(head, workers) as (cluster, nodes):
         asyncio.run(_scenario(cluster, nodes))
 
@@ -68,14 +71,16 @@ async def _scenario(cluster, nodes):
         head_id = driver_node_id()
         by_node = {n.node_id: n for n in nodes}
         s0, s1 = system.standalone
-        # Placement: standalone replicas on the two rollout nodes, hybrid with the trainer.
-        assert {s0.node_id, s1.node_id} == set(by_node)
+        # Placement: standalone replicas on two rollout nodes, hybrid with the trainer.
+        assert {s0.node_id, s1.node_id} < set(by_node)
+        [spare] = set(by_node) - {s0.node_id, s1.node_id}
         assert system.hybrid[0].node_id == system.trainer.node_id == head_id
 
         coord = rc.spawn(CoordinatorActor, 0.01, node_id=head_id)
         where = await coord.ping.remote()
         assert where == head_id, (where, head_id, [n.node_id for n in nodes])
-        build = Factory("dynres.runtime.realrun.builders:build_spec", {"config": cfg.model_dump()})
+        restart = "dynres.runtime.backends.ray.cluster:respawn_replica"
+        build = Factory("dynres.runtime.realrun.builders:build_spec", {"config": cfg.model_dump(), "restart": restart})
         run = asyncio.ensure_future(_await(coord.run.remote(build, system.standalone, system.hybrid, system.trainer)))
 
         # Wait until the first cycle is done and standalone-1 is busy, then pull its node.
@@ -88,17 +93,23 @@ async def _scenario(cluster, nodes):
         report = await asyncio.wait_for(run, 120)
         s = report.samples
         assert len(report.cycles) == RUN["run"]["steps"], report.stopped_early
-        # The dead replica is named, and only it.
-        assert list(report.quarantined) == ["standalone-1"], report.quarantined
-        assert "lost" in report.quarantined["standalone-1"]
+        # The lost replica was recreated, on the spare node, and nothing was quarantined.
+        assert not report.quarantined, report.quarantined
+        [restart] = report.replica_restarts
+        assert restart.replica == "standalone-1" and "lost" in restart.cause, restart
+        assert restart.seconds_to_return is not None and restart.seconds_to_return < 30, restart
         assert any(f.target == "standalone-1" for f in report.op_failures), report.op_failures
+        [new] = [p for p in await coord.replicas.remote() if p.replica_id == "standalone-1"]
+        assert new.node_id == spare and new.lost_reason is None
+        assert await new.handle.ping.remote() == spare
         # Its requests went elsewhere: nothing failed, nothing produced twice, all accounted for.
         assert s.failed == 0 and s.duplicates == 0
         assert s.admitted == s.generated + s.partial_at_end, s
         assert s.generated == s.consumed + s.dropped_stale + s.queued_at_end
-        # Cycles after the loss still trained full batches on the surviving replicas.
+        # Cycles after the loss still trained full batches.
         assert all(c.samples_consumed > 0 for c in report.cycles[1:])
         assert s0.lost_reason is None
+        await new.shutdown()
     finally:
         await rc.shutdown()
 

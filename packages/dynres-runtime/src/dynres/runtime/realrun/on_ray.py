@@ -7,7 +7,10 @@ queue's condition variable, so a queue in another process would cost a round tri
 and per admission check while buying nothing; samples are token ids, not tensors.
 
 The driver process only starts things, polls :meth:`CoordinatorActor.events` for progress and
-calls :meth:`CoordinatorActor.stop` on Ctrl-C. If the driver dies, Ray kills this actor with it
+calls :meth:`CoordinatorActor.stop` on Ctrl-C. A replica whose actor dies is recreated by the
+coordinator (:func:`~dynres.runtime.backends.ray.cluster.respawn_replica`, an actor the coordinator
+owns); at the end the driver takes the current replicas back (:meth:`CoordinatorActor.replicas`)
+so that it shuts the recreated ones down too. If the driver dies, Ray kills this actor with it
 (it is owned by the driver's job), and the engines go with their placement groups.
 """
 
@@ -16,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from dynres.core.errors import DynresError, RuntimeStateError
@@ -60,7 +63,16 @@ class CoordinatorActor:
         # Building the spec imports modules (blocking, once); measure the run itself.
         self._monitor.reset()
         self._started_at = time.perf_counter()
-        return await self._run.run()
+        try:
+            return await self._run.run()
+        finally:
+            if spec.ledger is not None:
+                spec.ledger.close()
+
+    async def replicas(self) -> list[Any]:
+        """The run's replica proxies now: a recreated replica in place of the one it replaced."""
+        run = self._run
+        return [*run.controller.standalone, *run.controller.hybrid] if run is not None else []
 
     async def events(self, since: int = 0) -> list[Any]:
         """Cycle reports from index ``since`` on (the driver polls this for progress)."""
@@ -120,10 +132,14 @@ async def run_on_ray(
     poll_s: float,
     on_interrupt: Callable[[Any], None] | None = None,
     on_phase: PhaseCallback | None = None,
+    spec_kwargs: Mapping[str, Any] | None = None,
+    on_engines: Callable[[dict[str, Any]], None] | None = None,
 ) -> Any:
     """Start the engines as Ray actors, run the loop in a :class:`CoordinatorActor`, stream cycles to ``sink``.
 
-    Fills ``backend`` with placement, nodes, loop lags, lost replicas and shutdown problems; on
+    Fills ``backend`` with placement, process ids, nodes, loop lags, lost replicas and shutdown
+    problems, and hands it to ``on_engines`` once every engine has started; ``spec_kwargs`` go to
+    :func:`~dynres.runtime.realrun.builders.build_spec` (output folder, checkpoint to resume). On
     cancellation (Ctrl-C) stops the coordinator cleanly and hands the interrupted run's report
     (None if the run had not started) to ``on_interrupt`` before re-raising.
     """
@@ -141,18 +157,24 @@ async def run_on_ray(
         if on_phase is not None:
             on_phase(ENGINES, 0, dyn.num_standalone_replicas + dyn.num_hybrid_replicas + 1)
         system, trainer = await _start_engines(cluster, dyn, factories, backend, ray, on_phase)
+        if on_engines is not None:
+            on_engines(backend)
         # The coordinator sits next to the driver: progress polls stay local, and losing a
         # rollout node never takes the run's brain with it.
         coordinator = cluster.spawn(
             CoordinatorActor, cfg.ray.lag_interval_s, node_id=driver_node_id(), name="dynres-coordinator"
         )
-        build = Factory("dynres.runtime.realrun.builders:build_spec", {"config": cfg.model_dump()})
+        build = Factory(
+            "dynres.runtime.realrun.builders:build_spec",
+            {"config": cfg.model_dump(), "restart": RESPAWN, **dict(spec_kwargs or {})},
+        )
         # Engine start-up (imports, model loading) is not the run: measure the loops from here.
         await asyncio.gather(*(p.loop_lag(reset=True) for p in [*system.replicas, trainer]))
         run_fut = asyncio.ensure_future(
             _await(coordinator.run.remote(build, system.standalone, system.hybrid, trainer))
         )
         report = await _follow(coordinator, run_fut, sink, on_status, poll_s)
+        await _adopt(coordinator, system)
         backend["loop_lag"] = await _loop_lags(coordinator, system)
         return report
     except asyncio.CancelledError:
@@ -164,8 +186,25 @@ async def run_on_ray(
             await asyncio.gather(run_fut, return_exceptions=True)
         raise
     finally:
+        if coordinator is not None:
+            await _adopt(coordinator, cluster.system)
         backend["lost"] = {p.replica_id: p.lost_reason for p in cluster.system.replicas if p.lost_reason is not None}
         backend["shutdown_problems"] = await cluster.shutdown()
+
+
+RESPAWN = "dynres.runtime.backends.ray.cluster:respawn_replica"
+"""The restarter a run on Ray recreates a gone replica with (runs in the coordinator)."""
+
+
+async def _adopt(coordinator: Any, system: RaySystem, timeout_s: float = 10.0) -> None:
+    """Put the coordinator's current replica proxies (recreated ones included) into ``system``, so
+    that the driver's shutdown and loop-lag queries reach them; a dead coordinator changes nothing."""
+    try:
+        current = {p.replica_id: p for p in await asyncio.wait_for(_await(coordinator.replicas.remote()), timeout_s)}
+    except Exception:
+        return
+    system.standalone = [current.get(p.replica_id, p) for p in system.standalone]
+    system.hybrid = [current.get(p.replica_id, p) for p in system.hybrid]
 
 
 async def _start_engines(
@@ -192,9 +231,9 @@ async def _start_engines(
     if trainer is None:
         raise RuntimeStateError("the Ray cluster started no train engine; give RayCluster.start a trainer factory")
     backend["engines_start_s"] = round(system.start_s, 3)
-    backend["placement"] = {
-        p.replica_id if hasattr(p, "replica_id") else "trainer": p.node_id for p in [*system.replicas, trainer]
-    }
+    engines = {getattr(p, "replica_id", "trainer"): p for p in [*system.replicas, trainer]}
+    backend["placement"] = {name: p.node_id for name, p in engines.items()}
+    backend["pids"] = {name: p.pid for name, p in engines.items()}
     backend["nodes"] = sorted({n["NodeID"] for n in ray.nodes() if n.get("Alive")})
     return system, trainer
 

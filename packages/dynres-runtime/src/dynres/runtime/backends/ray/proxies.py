@@ -52,6 +52,11 @@ class _ActorProxy:
         """Ray node id the actor was placed on ("" before start)."""
         return self._info.node_id if self._info else ""
 
+    @property
+    def pid(self) -> int:
+        """Process id of the actor (0 before start)."""
+        return self._info.pid if self._info else 0
+
     def _where(self) -> str:
         return f"{self._name!r} on node {self.node_id[:12] or '?'}"
 
