@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import functools
 import hashlib
 import importlib
@@ -84,12 +85,27 @@ def clear_policy_cache() -> None:
     importlib.invalidate_caches()
 
 
+def _classes_in(path: str) -> str:
+    """The classes a Python file defines at its top level, read without running it ('' if none or unreadable)."""
+    try:
+        tree = ast.parse(Path(path).read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+        return ""
+    return "|".join(node.name for node in tree.body if isinstance(node, ast.ClassDef))
+
+
 def policy_entry(name: str) -> PolicyEntry:
     """Return the single installed entry for ``name``; raise on unknown or duplicate names."""
     registry = installed_policies()
     entries = registry.get(name)
     if not entries:
         names = ", ".join(registry) or "(none)"
+        if name.endswith(".py"):
+            # A file named without its class: say how to name one, not how to install a package.
+            raise PolicyNotFoundError(
+                f"policy {name!r} names a file but no class; name the class too, as "
+                f"{name}:{_classes_in(name) or 'ClassName'} (a Policy subclass defined in the file)"
+            )
         raise PolicyNotFoundError(
             f"unknown policy {name!r}{did_you_mean(name, registry)}; installed policies: {names}. "
             f"Install a distribution that registers it in the {POLICIES_GROUP!r} entry-point "

@@ -102,6 +102,10 @@ def command(
     if plot_dir is not None and no_plot:  # after the run file's own errors, which are reported first
         raise click.UsageError("give --plot DIR or --no-plot, not both")
     _check_outputs(plan.out_dir, plot_dir, json_dest)
+    if plan.default_out:
+        from dynres.runtime.outdirs import OUT_ROOT, ignore_in_git
+
+        ignore_in_git(OUT_ROOT)
     err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False)
     for note in plan.notes:
         err.print(note)

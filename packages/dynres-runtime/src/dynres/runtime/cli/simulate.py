@@ -145,7 +145,7 @@ def _progress_observer(err: Any, progress: Any, *, enabled: bool) -> Any:
 
         def run_done(self, run: Any, result: Any) -> None:
             for line in decision_warnings(result.report, f"#{run.number} {run.label}"):
-                err.print(line, markup=False, highlight=False)
+                err.print(line, markup=False, highlight=False, soft_wrap=True)
 
     return Bars()
 
@@ -161,7 +161,9 @@ def _simulate_with_progress(plan: Any, *, quiet: bool, json_dest: str | None, tr
     from dynres.runtime.sim.comparison import ObserverGroup, TrackingObserver, simulate_plan
 
     err = Console(stderr=True)
-    tracking = TrackingObserver(plan, tracking_dir or Path("."), warn=lambda line: err.print(f"warning: {line}"))
+    tracking = TrackingObserver(
+        plan, tracking_dir or Path("."), warn=lambda line: err.print(f"warning: {line}", markup=False, soft_wrap=True)
+    )
     progress = Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),

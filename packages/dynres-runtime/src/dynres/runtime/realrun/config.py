@@ -35,7 +35,7 @@ from dynres.core.config import (
     read_yaml,
     validate_model,
 )
-from dynres.core.errors import ConfigError
+from dynres.core.errors import ConfigError, did_you_mean
 from dynres.runtime.backends.ray.cluster import RayClusterConfig
 from dynres.runtime.renamed_keys import RENAMED_RUN_KEYS, upgrade_keys, upgrade_override_keys
 
@@ -178,6 +178,7 @@ class RunConfig(DynresConfig):
         if eng.trainer == "fake":
             checks.append(("engines.trainer_options", FakeTrainEngine, dict(eng.trainer_options)))
         for where, cls, opts in checks:
+            _check_option_names(where, cls, opts)
             try:
                 if cls is FakeReplica:
                     cls("check", **opts)
@@ -188,6 +189,18 @@ class RunConfig(DynresConfig):
             except ConfigError as exc:
                 raise ValueError(f"{where}: {exc}") from None
         return self
+
+    def required_extras(self) -> list[tuple[str, str]]:
+        """``(module, extra)`` pairs the configured engines import, the engine's own extra first:
+        vLLM replicas need ``[vllm]`` (vllm, then torch), the torch trainer ``[torch]``, Ray ``[ray]``."""
+        needs: list[tuple[str, str]] = []
+        if self.engines.runtime == "ray":
+            needs.append(("ray", "ray"))
+        if self.engines.rollout == "vllm":
+            needs += [("vllm", "vllm"), ("torch", "vllm"), ("transformers", "vllm")]
+        if self.engines.trainer == "torch":
+            needs += [("torch", "torch"), ("transformers", "torch"), ("safetensors", "torch")]
+        return needs
 
     def tiny_spec(self) -> Any:
         """The TinyModelSpec of the random model (defaults + ``model.tiny``)."""
@@ -203,6 +216,23 @@ class RunConfig(DynresConfig):
     def needs_model(self) -> bool:
         """True when an engine loads real weights (vLLM or torch)."""
         return self.engines.rollout == "vllm" or self.engines.trainer == "torch"
+
+
+def _check_option_names(where: str, cls: type, opts: dict[str, Any]) -> None:
+    """Raise ValueError naming an option ``cls`` does not take, the nearest one and the valid ones."""
+    import inspect
+
+    params = inspect.signature(cls).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    valid = [n for n, p in params.items() if n != "replica_id" and p.kind is not inspect.Parameter.VAR_POSITIONAL]
+    for name in opts:
+        if name not in valid:
+            hint = did_you_mean(name, valid)
+            raise ValueError(
+                f"{where}: unknown option {name!r}{hint}; the {cls.__name__} options are {', '.join(valid)} "
+                "(docs/real-runs.md)"
+            )
 
 
 def load_run_config(

@@ -10,12 +10,14 @@ then runs the plan's config.
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from dynres.core.config import parse_set_items, shorthand_overrides
+from dynres.core.errors import MissingExtraError
 from dynres.core.tracking import TrackingBackend
 from dynres.runtime.outdirs import default_out_dir, holds_run
 from dynres.runtime.realrun.config import RunConfig, load_run_config, load_run_policy
@@ -44,6 +46,28 @@ class LaunchPlan:
     """The backends ``trainer.logger`` names, checked (their packages are installed)."""
     default_out: bool = False
     """True when :attr:`out_dir` is the default (``dynres-runs/<name>``, a fresh folder), not ``--out``."""
+
+
+def check_engine_extras(cfg: RunConfig) -> None:
+    """Raise MissingExtraError naming the engine's own extra when a module it imports is missing.
+
+    Checked before anything starts (no header, no output folder); for vLLM replicas the message
+    names ``[vllm]`` even when torch is what is missing, since that extra brings both.
+    """
+    for module, extra in cfg.required_extras():
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            where = {"ray": "engines.runtime=ray", "vllm": "engines.rollout=vllm", "torch": "engines.trainer=torch"}
+            err = MissingExtraError(module, extra)
+            err.msg = (
+                f"{where[extra]} needs {module!r}, which is not installed; install it with: "
+                f"pip install 'dynres-runtime[{extra}]'"
+            )
+            err.args = (err.msg,)
+            raise err
 
 
 def plan_launch(
@@ -78,6 +102,7 @@ def plan_launch(
     overrides.update(shorthand_overrides(overrides, shorthands))
     cfg = load_run_config(config, overrides, strict=strict, on_ignored=on_ignored)
     load_run_policy(cfg)
+    check_engine_extras(cfg)
     tracking = resolve_backends(cfg.trainer.logger)
     notes: list[str] = []
     if plots:

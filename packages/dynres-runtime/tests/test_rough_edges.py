@@ -1,0 +1,127 @@
+"""A newcomer's rough edges (issue 30): each test fails on the behaviour the issue reported.
+
+Numbers refer to the issue's list: 5 clamped answers and fallbacks said in the terminal, 7 a missing
+engine extra and the default output folder, 8 typos in engine options and policy files.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from dynres.runtime.cli import main
+
+ROOT = Path(__file__).resolve().parents[3]
+FAKE_RUN = ROOT / "examples" / "fake-minimal.yaml"
+
+ROUGH_POLICY = '''
+from dynres.core import Policy
+
+
+class Rough(Policy):
+    """Deactivates asking for far more samples than the queue holds, and raises when asked to activate."""
+
+    name = "rough"
+
+    def should_deactivate(self, ctx):
+        return ctx.is_hybrid_active
+
+    def deactivate_wait_samples(self, ctx):
+        return 10**6
+
+    def should_activate_after_step(self, ctx):
+        if ctx.global_steps >= 1:
+            raise RuntimeError("no estimate yet")
+        return True
+'''
+
+
+def _invoke(*args: str) -> object:
+    return CliRunner().invoke(main, list(args))
+
+
+# ---- 5: fallbacks and clamps are said in the terminal, [policy] labels intact -----------------
+
+
+def test_5_simulate_names_fallbacks_and_clamps_with_the_label_and_the_json_key(tmp_path: Path) -> None:
+    (tmp_path / "rough.py").write_text(ROUGH_POLICY)
+    res = _invoke("simulate", "--preset", "seed-dynamic-16-16", "--policy", f"{tmp_path / 'rough.py'}:Rough",
+                  "--set", "steps=3")  # fmt: skip
+    assert res.exit_code == 0, res.output
+    warnings = [ln for ln in res.stderr.splitlines() if ln.startswith("warning:")]
+    assert len(warnings) == 2, res.stderr
+    fallback, clamp = warnings
+    assert "#1 seed-dynamic-16-16[rough]: policy 'rough' fell back" in fallback
+    assert "should_activate_after_step" in fallback and "cycles[].decisions[] (fallback: true" in fallback
+    assert "#1 seed-dynamic-16-16[rough]: policy 'rough' gave an answer outside the safe range" in clamp
+    assert "deactivate_wait_samples" in clamp and "(clamped: true" in clamp
+
+
+def test_5_run_summary_names_them_too(tmp_path: Path) -> None:
+    (tmp_path / "rough.py").write_text(ROUGH_POLICY)
+    res = _invoke("run", str(FAKE_RUN), "--out", str(tmp_path / "r"), "--no-plot",
+                  "--policy", f"{tmp_path / 'rough.py'}:Rough")  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert "warning: run r: policy 'rough' gave an answer outside the safe range" in res.output
+
+
+# ---- 7: a missing engine extra, the default output folder ----------------------------------------
+
+
+def _hide(monkeypatch: pytest.MonkeyPatch, *names: str) -> None:
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n in names else real(n, *a))
+
+
+def test_7_missing_vllm_names_the_vllm_extra_before_anything_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _hide(monkeypatch, "torch")  # torch is what vLLM replicas miss first; the extra to install is [vllm]
+    out = tmp_path / "r"
+    res = _invoke("run", str(FAKE_RUN), "--out", str(out), "--set", "engines.rollout=vllm")
+    assert res.exit_code == 2
+    assert res.output.splitlines() == [
+        "dynres: error: engines.rollout=vllm needs 'torch', which is not installed; install it with: "
+        "pip install 'dynres-runtime[vllm]'"
+    ]  # no header line first
+    assert not out.exists()  # no half-made output folder
+
+
+def test_7_default_folder_is_fresh_and_git_ignored(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    for expected in ("fake-minimal", "fake-minimal-2"):
+        res = _invoke("run", str(FAKE_RUN), "--no-plot", "-q")
+        assert res.exit_code == 0, res.output
+        assert f"output in dynres-runs/{expected}\n" in res.output
+        assert (tmp_path / "dynres-runs" / expected / "metrics.jsonl").exists()
+    assert (tmp_path / "dynres-runs" / ".gitignore").read_text().splitlines()[-1] == "*"
+    res = _invoke("run", str(FAKE_RUN), "--no-plot", "-q", "--out", "dynres-runs/fake-minimal")
+    assert "note: --out dynres-runs/fake-minimal holds an earlier run; its files are replaced" in res.output
+
+
+# ---- 8: typos get a did-you-mean, in the user's words ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("key", "typo", "nearest", "cls"),
+    [
+        ("rollout_options", "tokens_per_sec", "tokens_per_s", "FakeReplica"),
+        ("trainer_options", "phase_time", "phase_times", "FakeTrainEngine"),
+    ],
+)
+def test_8_fake_engine_option_typo_says_did_you_mean(key: str, typo: str, nearest: str, cls: str) -> None:
+    res = _invoke("run", str(FAKE_RUN), "--set", f"engines.{key}.{typo}=1")  # checked before anything starts
+    assert res.exit_code == 2
+    msg = res.output.strip()
+    assert f"engines.{key}: unknown option '{typo}' (did you mean '{nearest}'?); the {cls} options are" in msg
+    assert "__init__" not in msg and "TypeError" not in msg
+
+
+def test_8_policy_file_without_class_says_how_to_name_it(tmp_path: Path) -> None:
+    (tmp_path / "rough.py").write_text(ROUGH_POLICY)
+    res = _invoke("simulate", "--preset", "seed-dynamic-16-16", "--policy", str(tmp_path / "rough.py"))
+    assert res.exit_code == 2
+    assert f"name the class too, as {tmp_path / 'rough.py'}:Rough" in res.output
