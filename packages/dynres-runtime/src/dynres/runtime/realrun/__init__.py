@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,6 +57,7 @@ from dynres.runtime.realrun.output import (
     write_config,
     write_report,
 )
+from dynres.runtime.realrun.resume import keep_metrics
 from dynres.runtime.realrun.status import ENGINES, MODEL, RAY, PhaseCallback, run_status
 from dynres.runtime.tracking import TrackerSet, resolve_backends
 
@@ -94,10 +95,12 @@ async def _run_local(
     backend: dict[str, Any],
     on_interrupt: Callable[[Any], None],
     watch: _Watch,
+    spec_kwargs: Mapping[str, Any],
 ) -> Any:
     """Build every engine in this process and run the loop here (``engines.runtime: local``).
 
-    On cancellation (Ctrl-C) hands the run's interrupted report to ``on_interrupt`` before re-raising.
+    A gone replica is recreated by its factory (after the old one's shutdown). On cancellation
+    (Ctrl-C) hands the run's interrupted report to ``on_interrupt`` before re-raising.
     """
     from dynres.runtime.loop.driver import FullyAsyncRun
 
@@ -117,9 +120,28 @@ async def _run_local(
     watch.phase(ENGINES, len(builds) + 1, len(builds) + 1)
     standalone, hybrid = engines[: dyn.num_standalone_replicas], engines[dyn.num_standalone_replicas :]
     backend["engines_start_s"] = time.perf_counter() - t0
+    engines.append(trainer)
+
+    async def restart(old: Any) -> Any:
+        try:
+            await asyncio.wait_for(old.shutdown(), cfg.ray.shutdown_timeout_s)
+        except Exception as exc:  # it is gone: what it held goes with it
+            logger.warning("shutdown of the gone replica %r failed: %s", old, exc)
+        new = await (s_f if old.kind.value == "standalone" else h_f).build(
+            replica_id=old.replica_id, kind=old.kind.value
+        )
+        engines.append(new)
+        return new
+
     try:
         spec = build_spec(
-            standalone=standalone, hybrid=hybrid, train_engine=trainer, progress=sink, config=cfg.model_dump()
+            standalone=standalone,
+            hybrid=hybrid,
+            train_engine=trainer,
+            progress=sink,
+            config=cfg.model_dump(),
+            restart=restart,
+            **spec_kwargs,
         )
         run = FullyAsyncRun(spec)
         poller = asyncio.ensure_future(watch.poll(run))
@@ -130,8 +152,10 @@ async def _run_local(
             raise
         finally:
             poller.cancel()
+            if spec.ledger is not None:
+                spec.ledger.close()
     finally:
-        for engine in [*standalone, *hybrid, trainer]:
+        for engine in engines:
             try:
                 await asyncio.wait_for(engine.shutdown(), cfg.ray.shutdown_timeout_s)
             except Exception as exc:
@@ -172,8 +196,14 @@ def execute(
     tracking: Sequence[TrackingBackend] | None = None,
     on_tracking_problem: Callable[[str], Any] | None = None,
     on_phase: PhaseCallback | None = None,
+    resume: Mapping[str, Any] | None = None,
 ) -> RunOutcome:
-    """Run ``cfg`` to the end (or Ctrl-C); write metrics.jsonl, report.json, backend.json, plots.
+    """Run ``cfg`` to the end (or Ctrl-C); write metrics.jsonl, ledger.jsonl, checkpoints/,
+    report.json, backend.json, plots.
+
+    ``resume``: a checkpoint of ``out_dir`` (:func:`~dynres.runtime.realrun.resume.resume_point`)
+    to go on from, up to ``run.steps``; the cycles and samples done after it are dropped from
+    metrics.jsonl and ledger.jsonl (they are done again) and the run's are appended.
 
     Plots go to ``plot_dir`` (default: ``out_dir/plots``) unless ``plots`` is False. Each cycle
     also goes to the ``tracking`` backends (default: those ``trainer.logger`` names), opened
@@ -192,7 +222,8 @@ def execute(
     write_config(out, cfg)
     trackers = TrackerSet(backends, tracked_run(cfg, out), warn=on_tracking_problem)
     try:
-        return _execute(cfg, out, trackers, on_cycle, _Watch(on_phase, on_status, poll_s), plots, plot_dir)
+        watch = _Watch(on_phase, on_status, poll_s)
+        return _execute(cfg, out, trackers, on_cycle, watch, plots, plot_dir, resume)
     finally:
         trackers.finish(trackers.summary)
 
@@ -217,6 +248,7 @@ def _execute(
     watch: _Watch,
     plots: bool,
     plot_dir: str | Path | None,
+    resume: Mapping[str, Any] | None = None,
 ) -> RunOutcome:
     """:func:`execute` once the output folder and the trackers are open."""
     watch.phase(MODEL)
@@ -227,7 +259,11 @@ def _execute(
         "trainer": cfg.engines.trainer,
         "model_path": model_path,
     }
-    sink = MetricsSink(out / METRICS_FILE, on_cycle, trackers)
+    if resume is not None:
+        dropped = keep_metrics(out / METRICS_FILE, int(resume["global_steps"]))
+        backend["resume"] = {"checkpoint": resume.get("path"), "cycle": resume["global_steps"], "redone": dropped}
+    sink = MetricsSink(out / METRICS_FILE, on_cycle, trackers, append=resume is not None)
+    spec_kwargs = {"out_dir": str(out.resolve()), "resume": resume}
     cluster_conn = None
     outcome = RunOutcome(None, out, backend)
     t0 = time.perf_counter()
@@ -237,7 +273,7 @@ def _execute(
 
     try:
         if cfg.engines.runtime == "local":
-            report = asyncio.run(_run_local(cfg, model_path, sink, backend, on_interrupt, watch))
+            report = asyncio.run(_run_local(cfg, model_path, sink, backend, on_interrupt, watch, spec_kwargs))
         else:
             from dynres.runtime.backends.ray.cluster import RayCluster
             from dynres.runtime.realrun.on_ray import run_on_ray
@@ -246,7 +282,18 @@ def _execute(
             cluster_conn = RayCluster(cfg.ray)
             cluster_conn.connect()  # blocking by nature: done before the event loop starts
             report = asyncio.run(
-                run_on_ray(cfg, model_path, sink, backend, watch.on_status, watch.poll_s, on_interrupt, watch.on_phase)
+                run_on_ray(
+                    cfg,
+                    model_path,
+                    sink,
+                    backend,
+                    watch.on_status,
+                    watch.poll_s,
+                    on_interrupt,
+                    watch.on_phase,
+                    spec_kwargs=spec_kwargs,
+                    on_engines=lambda b: write_backend(out, b),
+                )
             )
         outcome.report = report
         trackers.summary = run_summary(report)

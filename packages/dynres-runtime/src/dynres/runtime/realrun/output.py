@@ -75,12 +75,14 @@ class MetricsSink:
         path: Path,
         on_cycle: Callable[[Any, dict[str, Any]], None] | None,
         tracking: TrackerSet | None = None,
+        *,
+        append: bool = False,
     ) -> None:
-        """Open ``path`` for writing; each record then goes to ``tracking`` (trainer.logger) and
-        ``on_cycle(cycle, record)``."""
+        """Open ``path`` for writing (``append``: after its records, for a resumed run); each record
+        then goes to ``tracking`` (trainer.logger) and ``on_cycle(cycle, record)``."""
         self.path = path
         self.count = 0
-        self._fh = path.open("w", encoding="utf-8")
+        self._fh = path.open("a" if append else "w", encoding="utf-8")
         self._on_cycle = on_cycle
         self._tracking = tracking
 
