@@ -4,7 +4,8 @@
 flags, which may not both set a key), builds the policy so that a bad name or param fails now,
 checks the tracking backends of ``trainer.logger`` (names and packages), decides whether plots
 can be written and where the output goes (:mod:`dynres.runtime.outdirs`: by default a fresh
-``dynres-runs/<run file name>``, never an earlier run's folder). :func:`~dynres.runtime.realrun.execute`
+``dynres-runs/<run file name>``, never an earlier run's folder; with ``--resume DIR``, DIR and
+its latest checkpoint, checked against the run file). :func:`~dynres.runtime.realrun.execute`
 then runs the plan's config.
 """
 
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from dynres.core.config import parse_set_items, shorthand_overrides
-from dynres.core.errors import MissingExtraError
+from dynres.core.errors import ConfigError, MissingExtraError
 from dynres.core.tracking import TrackingBackend
 from dynres.runtime.outdirs import default_out_dir, holds_run
 from dynres.runtime.realrun.config import RunConfig, load_run_config, load_run_policy
@@ -46,6 +47,8 @@ class LaunchPlan:
     """The backends ``trainer.logger`` names, checked (their packages are installed)."""
     default_out: bool = False
     """True when :attr:`out_dir` is the default (``dynres-runs/<name>``, a fresh folder), not ``--out``."""
+    resume: dict[str, Any] | None = None
+    """The checkpoint of :attr:`out_dir` the run goes on from (``--resume``); None: a fresh run."""
 
 
 def check_engine_extras(cfg: RunConfig) -> None:
@@ -82,6 +85,7 @@ def plan_launch(
     plots: bool = True,
     plot_dir: str | Path | None = None,
     on_ignored: Callable[[str], Any] | None = None,
+    resume: str | Path | None = None,
 ) -> LaunchPlan:
     """Load and check run file ``config``; raise a DynresError naming the bad input and the fix.
 
@@ -91,6 +95,8 @@ def plan_launch(
         one line passed to ``on_ignored``.
     :param plot_dir: the plots' folder; naming one makes a missing matplotlib an error, where
         otherwise the run goes on without plots (and says so in :attr:`LaunchPlan.notes`).
+    :param resume: a run folder to go on from its latest checkpoint; the run writes there (an
+        ``out_dir`` naming another folder is an error).
     """
     # Renamed keys first, so --set cluster.address=... and --address clash like the new key would.
     overrides = upgrade_override_keys(parse_set_items(sets), RENAMED_RUN_KEYS, "--set")
@@ -113,7 +119,17 @@ def plan_launch(
                 require_matplotlib()  # asked for plots explicitly: one-line error naming the extra
             plots = False
             notes.append(NO_PLOTS_NOTE)
+    ckpt = None
+    if resume is not None:
+        from dynres.runtime.realrun.resume import resume_point
+
+        if out_dir is not None and Path(out_dir).resolve() != Path(resume).resolve():
+            raise ConfigError(f"--resume {resume} writes into {resume}; drop --out {out_dir} (or give the same folder)")
+        out_dir = resume
+        ckpt = resume_point(resume, cfg)
+        notes.append(f"note: resuming {resume} from its checkpoint at cycle {ckpt['global_steps']} of {cfg.run.steps}")
     out = Path(out_dir) if out_dir else default_out_dir(Path(config).stem)
-    if out_dir and holds_run(out):
+    if out_dir and ckpt is None and holds_run(out):
         notes.append(f"note: --out {out} holds an earlier run; its files are replaced")
-    return LaunchPlan(cfg, out, plots, Path(plot_dir) if plot_dir else None, tuple(notes), tracking, not out_dir)
+    plot_path = Path(plot_dir) if plot_dir else None
+    return LaunchPlan(cfg, out, plots, plot_path, tuple(notes), tracking, not out_dir, ckpt)
