@@ -74,26 +74,33 @@ def latency_map(latency: float | Mapping[str, float], ops: Sequence[str]) -> dic
     return out
 
 
+FaultSpec = BaseException | type[BaseException] | str
+"""An injected failure: an exception instance or class, or (as a YAML file gives it) the name of a
+builtin exception or ``BackendError``."""
+
+
 def fault_map(
-    fail_on: Mapping[str, BaseException | type[BaseException]] | None, hang_on: Iterable[str], ops: Sequence[str]
+    fail_on: Mapping[str, FaultSpec] | None, hang_on: Iterable[str], ops: Sequence[str]
 ) -> tuple[dict[str, BaseException | type[BaseException]], set[str]]:
-    """Check injected faults: known ops, and each failure an exception class or instance."""
-    fail = dict(fail_on or {})
+    """Check injected faults: known ops, and each failure an exception class or instance (names resolved)."""
+    given = dict(fail_on or {})
     hang = set(hang_on)
-    unknown = (set(fail) | hang) - set(ops)
+    unknown = (set(given) | hang) - set(ops)
     if unknown:
         raise ConfigError(f"unknown op(s) {sorted(unknown)} in fail_on/hang_on; valid: {list(ops)}")
-    for op, err in list(fail.items()):
+    fail: dict[str, BaseException | type[BaseException]] = {}
+    for op, err in given.items():
         if isinstance(err, str):  # from a YAML file: the name of a builtin exception or BackendError
             named = BackendError if err == "BackendError" else getattr(builtins, err, None)
             if not (isinstance(named, type) and issubclass(named, BaseException)):
                 raise ConfigError(
                     f"fail_on[{op!r}] names no exception {err!r}; use a builtin one (e.g. RuntimeError) or BackendError"
                 )
-            fail[op] = err = named
+            err = named
         ok = isinstance(err, BaseException) or (isinstance(err, type) and issubclass(err, BaseException))
         if not ok:
             raise ConfigError(f"fail_on[{op!r}] is {err!r}; give an exception class or instance (e.g. RuntimeError)")
+        fail[op] = err
     return fail, hang
 
 

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 from dynres.core.errors import BackendError, ConfigError
-from dynres.runtime.backends.fake.faults import REPLICA_OPS, FaultsMixin, OpRecord, fault_map, latency_map
+from dynres.runtime.backends.fake.faults import REPLICA_OPS, FaultsMixin, FaultSpec, OpRecord, fault_map, latency_map
 from dynres.runtime.backends.fake.timer import TakeOutBudget, WakeupTimer
 from dynres.runtime.protocols import (
     FinishReason,
@@ -170,7 +170,7 @@ class FakeReplica(FaultsMixin):
         latency: float | Mapping[str, float] = 0.0,
         tokens_per_s: float = 1000.0,
         response_tokens: int | Callable[[GenerationRequest], int] = 64,
-        fail_on: Mapping[str, BaseException | type[BaseException]] | None = None,
+        fail_on: Mapping[str, FaultSpec] | None = None,
         hang_on: Iterable[str] = (),
         die_after_s: float | None = None,
         asleep: bool | None = None,
@@ -188,7 +188,7 @@ class FakeReplica(FaultsMixin):
         :param tokens_per_s: tokens each request gains per second (tokens/s).
         :param response_tokens: full length of a response (tokens), or a function of the request;
             ``request.extra["response_tokens"]`` overrides it. Capped at ``max_tokens``.
-        :param fail_on: op -> exception (instance or class) raised at the start of that op.
+        :param fail_on: op -> exception (instance, class or builtin name) raised at the start of that op.
         :param hang_on: ops that never return (until cancelled).
         :param die_after_s: the replica dies this many seconds after its first generate call
             starts: running requests raise BackendError and so does every later call.

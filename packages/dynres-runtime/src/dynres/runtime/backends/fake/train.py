@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from dynres.core.errors import BackendError
-from dynres.runtime.backends.fake.faults import TRAIN_OPS, FaultsMixin, OpRecord, fault_map, latency_map
+from dynres.runtime.backends.fake.faults import TRAIN_OPS, FaultsMixin, FaultSpec, OpRecord, fault_map, latency_map
 from dynres.runtime.protocols import OperationCosts, TrainStepResult, WeightUpdate
 
 FAKE_STATE_FILE = "state.json"
@@ -25,7 +25,7 @@ class FakeTrainEngine(FaultsMixin):
         phase_times: Mapping[str, float] | None = None,
         per_sample_s: float = 0.0,
         latency: float | Mapping[str, float] = 0.0,
-        fail_on: Mapping[str, BaseException | type[BaseException]] | None = None,
+        fail_on: Mapping[str, FaultSpec] | None = None,
         hang_on: Iterable[str] = (),
         log: list[OpRecord] | None = None,
         weights_nbytes: int = 0,
@@ -37,7 +37,7 @@ class FakeTrainEngine(FaultsMixin):
         :param per_sample_s: extra ``update_actor`` seconds per sample in the batch.
         :param latency: seconds for ``offload``, ``onload``, ``export_weights`` (one number or
             a mapping); ``train_step`` uses ``phase_times`` instead.
-        :param fail_on: op -> exception raised at the start of that op.
+        :param fail_on: op -> exception (instance, class or builtin name) raised at the start of that op.
         :param hang_on: ops that never return (until cancelled).
         :param log: op log to append to.
         :param weights_nbytes: size reported by exported weight updates (bytes).
