@@ -380,8 +380,12 @@ def test_a_failing_request_reporting_its_replica_is_not_cancelled_by_the_evictio
         a = FakeReplica("a", tokens_per_s=1000, response_tokens=100, die_after_s=0.02)
         b = FakeReplica("b", tokens_per_s=1000, response_tokens=100)
         lb = LoadBalancer()
+
         # what the controller does on a failure: quarantine = remove (already done) + evict
-        lb._on_replica_failure = lambda rid, exc: lb.evict(rid)
+        def quarantine(rid: str, exc: BaseException) -> None:
+            lb.evict(rid)
+
+        lb._on_replica_failure = quarantine
         lb.add_replica(a)
         tasks = [asyncio.create_task(lb.generate(req(i))) for i in range(3)]
         await asyncio.sleep(0.005)

@@ -204,7 +204,9 @@ def test_deactivation_order_cut_abort_drain_sleep_onload() -> None:
 def test_membership_changes_once_per_transition_and_requests_run_only_on_routable_replicas() -> None:
     async def main() -> None:
         seen: list[list[str]] = []  # the routable replicas each time the capacity is recomputed
-        c = Cluster(n_hybrid=8, n_standalone=2, latency=0.01, on_change=lambda: seen.append(sorted(c.lb.replica_ids)))
+        c: Cluster = Cluster(
+            n_hybrid=8, n_standalone=2, latency=0.01, on_change=lambda: seen.append(sorted(c.lb.replica_ids))
+        )
         c.register_standalone()
         seen.clear()
         await c.ctl.activate(UPDATE)
@@ -454,7 +456,7 @@ def test_a_lost_replica_is_quarantined_at_once_not_probed() -> None:
     async def main() -> None:
         c = Cluster(n_hybrid=0, n_standalone=2)
         c.register_standalone()
-        c.standalone[0].lost_reason = "ActorDiedError: node gone"  # type: ignore[attr-defined]  # as the Ray proxy sets it
+        c.standalone[0].lost_reason = "ActorDiedError: node gone"  # as the Ray proxy sets it
         c.ctl.on_replica_failure("s0", RuntimeError("actor died"))
         assert "the replica is lost (ActorDiedError: node gone)" in c.ctl.quarantined["s0"]
         assert not c.ctl.probing and c.lb.replica_ids == ["s1"]

@@ -29,6 +29,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -95,7 +96,7 @@ def blocks() -> list[Block]:
     return found
 
 
-def _restore_imports(path: list[str], modules: dict[str, object]) -> None:
+def _restore_imports(path: list[str], modules: dict[str, ModuleType]) -> None:
     """Undo what a page's code did to the import system, so later tests import the real modules.
 
     Modules a snippet or prelude added from outside the installed (or editable) packages (a stand-in placed
@@ -106,7 +107,7 @@ def _restore_imports(path: list[str], modules: dict[str, object]) -> None:
     for name, module in list(sys.modules.items()):
         if name in modules:
             if modules[name] is not module:
-                sys.modules[name] = modules[name]  # type: ignore[assignment]  # restoring what was there
+                sys.modules[name] = modules[name]  # restoring what was there
             continue
         where = str(getattr(module, "__file__", "") or "")
         installed = "site-packages" in where or where.startswith((sys.base_prefix, str(ROOT / "packages")))

@@ -120,7 +120,9 @@ def test_prompt_source_error_surfaces_instead_of_hanging() -> None:
         asyncio.run(asyncio.wait_for(run_fully_async(spec(cl, prompts=prompts())), 10))
     assert isinstance(err.value.__cause__, RuntimeError)
     # the three samples read before the source broke are trained or in the checkpoint
-    ckpt = err.value.report.checkpoint
+    report = err.value.report
+    assert isinstance(report, RunReport) and report.checkpoint is not None
+    ckpt = report.checkpoint
     kept = {d["group"]["sample_id"] for d in ckpt["queue"]} | {d["group"]["sample_id"] for d in ckpt["partial"]}
     trained = {s.sample_id for b in cl.engine.batches for s in b}
     assert kept | trained == {"p0", "p1", "p2"} and not kept & trained

@@ -83,7 +83,7 @@ def test_issue_cluster_finishes_on_a_virtual_clock() -> None:
         plugin_manager=get_plugin_manager(load_plugins=False),
     )
 
-    async def main():  # type: ignore[no-untyped-def]
+    async def main():
         return await asyncio.wait_for(run_fully_async(spec), 600)
 
     report = run_virtual(main, idle_timeout_s=5.0)

@@ -169,7 +169,7 @@ def test_a_run_that_makes_no_progress_is_named_by_the_watchdog() -> None:
         virtual(run)
     assert isinstance(err.value.__cause__, RunStalledError)
     report = err.value.report
-    assert report.cycles == [] and report.checkpoint is not None
+    assert isinstance(report, RunReport) and report.cycles == [] and report.checkpoint is not None
     ledger_of(run, src, cl.engine, dropped, checkpoint=report.checkpoint).assert_exactly_once()
     assert sorted(checkpoint_sample_ids(report.checkpoint)) == sorted(src.taken)
 
@@ -222,10 +222,10 @@ def test_train_step_fault_ends_with_report_and_a_checkpoint_that_loses_nothing(h
     virtual(run2)
     second = ledger_of(run2, src2, cl2.engine, dropped2)
     both = Ledger(
-        admitted=first.admitted + second.admitted,
-        trained=first.trained + second.trained,
+        admitted=[*first.admitted, *second.admitted],
+        trained=[*first.trained, *second.trained],
         left=second.left,
-        dropped=first.dropped + second.dropped,
+        dropped=[*first.dropped, *second.dropped],
     )
     both.assert_exactly_once()
     assert len(both.trained) == 12
@@ -273,12 +273,12 @@ def test_mid_run_checkpoint_holds_every_untrained_sample_and_resume_trains_each_
         admitted=at["admitted"] + second.admitted,
         trained=at["trained"] + second.trained,
         left=second.left,
-        dropped=list(dropped) + second.dropped,
+        dropped=[*dropped, *second.dropped],
     ).assert_exactly_once()
     assert set(held) <= set(second.trained) | set(second.left)
 
 
-class _State(DefaultPolicy):  # type: ignore[misc]
+class _State(DefaultPolicy):
     name = "state_probe"
     bad: Any = None
 
@@ -314,10 +314,11 @@ def test_policy_state_breaking_at_the_end_keeps_the_report() -> None:
     run.spec.progress = lambda c: setattr(pol, "bad", {3}) if c.step == 4 else None
     with pytest.raises(RunAbortedError, match="the run finished but .* is a set") as err:
         virtual(run)
-    assert len(err.value.report.cycles) == 4 and err.value.report.checkpoint is None
+    report = err.value.report
+    assert isinstance(report, RunReport) and len(report.cycles) == 4 and report.checkpoint is None
 
 
-class _Exiting(DefaultPolicy):  # type: ignore[misc]
+class _Exiting(DefaultPolicy):
     name = "exiting"
     exc: BaseException = SystemExit(3)
 
@@ -342,6 +343,7 @@ def test_policy_exit_or_interrupt_drains_and_checkpoints(exc: BaseException, cod
         virtual(run)
     assert err.value.exit_code == code
     report = err.value.report
+    assert isinstance(report, RunReport)
     assert all(not r.in_flight_ids for r in cl.replicas)  # drained: nothing left running
     assert report.final_state == "STANDALONE_ONLY" and not cl.engine.offloaded
     ledger_of(run, src, cl.engine, dropped, checkpoint=report.checkpoint).assert_exactly_once()

@@ -89,8 +89,8 @@ class Scripted(Policy):
 
 
 def scripted(**answers: Any) -> Scripted:
-    cls = type("ScriptedX", (Scripted,), {k: staticmethod(v) if callable(v) else v for k, v in answers.items()})
-    cls.name = "scripted"
+    members = {k: staticmethod(v) if callable(v) else v for k, v in answers.items()}
+    cls = type("ScriptedX", (Scripted,), {**members, "name": "scripted"})
     return cls()
 
 

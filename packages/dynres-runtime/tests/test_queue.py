@@ -35,7 +35,7 @@ def test_batches_are_fifo_and_wait_for_enough_samples() -> None:
         assert not getter.done()
         await q.put(sample(3))
         batch = await getter
-        assert [s.sample_id for s in batch] == ["s0", "s1", "s2", "s3"]
+        assert batch is not None and [s.sample_id for s in batch] == ["s0", "s1", "s2", "s3"]
         assert q.size == 0 and q.consumed == 4
 
     asyncio.run(main())
@@ -58,14 +58,14 @@ def test_put_waits_while_full() -> None:
 
 def test_stale_samples_are_dropped_counted_and_reported() -> None:
     async def main() -> None:
-        dropped = []
+        dropped: list[Sample] = []
         q = MessageQueue(10, staleness_threshold=0.5, on_drop=dropped.append)  # bound: 2 versions
         await q.put(sample(0, version=0))
         await q.put(sample(1, version=1))
         await q.put(sample(2, version=2))
         await q.put(sample(3, version=3))
         batch = await q.get_batch(2, trainer_version=3)  # s0 lags 3 versions > 2
-        assert [s.sample_id for s in batch] == ["s1", "s2"]
+        assert batch is not None and [s.sample_id for s in batch] == ["s1", "s2"]
         assert [s.sample_id for s in dropped] == ["s0"] == q.dropped_ids
         assert q.dropped_stale == 1 and q.size == 1
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from typing import Any
 
 import pytest
 
@@ -29,7 +30,7 @@ MAX_GAP_S = 0.4
 """Worst tolerated gap between two 10 ms ticks (seconds): a 2-core machine busy with a second test
 suite showed a 289 ms gap with no blocking call, so the bound sits between that and the sleep."""
 
-RUN = {
+RUN: dict[str, Any] = {  # a run file's document
     "run": {"steps": 4, "seed": 1},
     "ray": {"slot": {"CPU": 0.1}},
     "engines": {

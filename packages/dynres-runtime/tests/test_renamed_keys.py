@@ -11,6 +11,7 @@ import copy
 import json
 import logging
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -25,7 +26,7 @@ from dynres.runtime.sim.metrics_io import read_metrics, read_report
 TINY = Path(__file__).parent / "data" / "tiny-static"
 """A run an older dynres wrote: its config.json has ``cluster``, its report.json ``startup_probe``."""
 
-RUN = {
+RUN: dict[str, Any] = {  # a run file's document
     "run": {"steps": 2},
     "engines": {"runtime": "local"},
     "rollout": {"nnodes": 1, "n_gpus_per_node": 1},

@@ -59,8 +59,12 @@ def test_thread_result_arrives_before_virtual_timeout() -> None:
             await asyncio.sleep(0.001)
             ticks.append(loop.time())
 
+        def blocking() -> str:
+            time.sleep(0.2)
+            return "answer"
+
         task = asyncio.create_task(ticker())
-        answer = await asyncio.wait_for(asyncio.to_thread(lambda: (time.sleep(0.2), "answer")[1]), timeout=0.01)
+        answer = await asyncio.wait_for(asyncio.to_thread(blocking), timeout=0.01)
         at = loop.time()
         await task
         return answer, at, ticks

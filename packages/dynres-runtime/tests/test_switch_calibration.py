@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -36,7 +37,7 @@ LAT = {"sleep": 0.06, "wake_up": 0.1}
 TRAIN_LAT = {"offload": 0.04, "onload": 0.08}
 """Fake trainer latencies (seconds per call)."""
 
-FAKE_RUN = {
+FAKE_RUN: dict[str, Any] = {  # a run file's document
     "run": {"steps": 3, "seed": 0},
     "engines": {
         "runtime": "local",
@@ -207,6 +208,7 @@ def test_a_run_cancelled_during_the_calibration_keeps_what_the_calibration_measu
     assert report.stopped_early == "interrupted during the switch calibration (0 of 2 cycles done)"
     assert report.cycles == [] and report.samples.consumed == 0
     # The offload finished and is in the report; the wake-up it was waiting for is not.
+    assert report.switch_calibration is not None
     assert [(s.op, s.detail) for s in report.switch_calibration.steps if s.op != "health"] == [("offload", "")]
     assert report.checkpoint is not None
 
@@ -243,6 +245,7 @@ def test_ctrl_c_during_the_calibration_of_dynres_run_writes_the_report_and_says_
     cmd = [str(Path(sys.executable).parent / "dynres"), "run", str(cfg), "--out", str(out), "--no-plot", "-q"]
     # A terminal's Ctrl-C signals the whole foreground process group: do the same.
     proc = popen_like_a_terminal(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stderr is not None
     try:
         started = proc.stderr.readline()  # "dynres run: 3 cycles, ..." comes before any engine starts
         assert started.startswith("dynres run:"), started + proc.stderr.read()
