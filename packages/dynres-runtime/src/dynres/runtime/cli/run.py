@@ -59,6 +59,14 @@ EXIT_INTERRUPTED = 130
     help="Write PNG plots to DIR (default: OUT/plots; needs the [plot] extra).",
 )
 @click.option("--no-plot", is_flag=True, help="Do not write plots.")
+@click.option(
+    "--resume",
+    "resume",
+    metavar="DIR",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Go on from the latest checkpoint in run folder DIR up to run.steps, writing into DIR.",
+)
 @click.option("-v", "--verbose", count=True, help="More log output (-v: info, -vv: debug).")
 def command(
     config: str,
@@ -72,6 +80,7 @@ def command(
     quiet: bool,
     plot_dir: str | None,
     no_plot: bool,
+    resume: str | None,
     verbose: int,
 ) -> None:
     """Run fully-async training from CONFIG (engines, cluster, model, policy, steps) and report.
@@ -98,6 +107,7 @@ def command(
         plots=not no_plot,
         plot_dir=plot_dir,
         on_ignored=lambda line: click.echo(line, err=True),
+        resume=resume,
     )
     if plot_dir is not None and no_plot:  # after the run file's own errors, which are reported first
         raise click.UsageError("give --plot DIR or --no-plot, not both")
@@ -226,6 +236,7 @@ def _execute_with_progress(plan: Any, err: Any, *, show: bool) -> Any:
                 plot_dir=plan.plot_dir,
                 tracking=plan.tracking,
                 on_tracking_problem=lambda line: err.print(f"warning: {line}"),
+                resume=plan.resume,
             )
     except KeyboardInterrupt as exc:
         stopped = getattr(getattr(exc, "outcome", None), "report", None)
@@ -265,6 +276,12 @@ def _summary(report: Any, outcome: Any, out: Path, *, to_stderr: bool) -> None:
 
     for line in decision_warnings(report, f"run {out.name}"):
         echo(line)
+    from dynres.runtime.realrun.output import restarts_line
+    from dynres.runtime.realrun.resume import ledger_summary
+
+    for line in (restarts_line(report), ledger_summary(out)):
+        if line:
+            echo(line)
     if report.quarantined:
         for rid, why in report.quarantined.items():
             echo(f"replica {rid} was taken out of the run: {why}")

@@ -55,6 +55,19 @@ def operations_lines(report: Any) -> list[str]:
     return lines
 
 
+def restarts_line(report: Any) -> str | None:
+    """The replicas recreated during the run, in one line (None when none was)."""
+    restarts = getattr(report, "replica_restarts", None)
+    if not restarts:
+        return None
+    parts = [
+        f"{r.replica} (cycle {r.cycle}) "
+        + (f"back in {r.seconds_to_return:.1f} s" if r.seconds_to_return is not None else "not back")
+        for r in restarts
+    ]
+    return f"replica restarts: {len(restarts)}: {'; '.join(parts)} (causes: report.json replica_restarts)"
+
+
 def run_summary(report: Any) -> dict[str, float]:
     """A finished run's numbers for the tracking backends' summary (seconds, counts)."""
     s = report.samples

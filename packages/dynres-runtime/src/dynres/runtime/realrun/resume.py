@@ -111,6 +111,14 @@ def audit_run_folder(folder: str | Path, *, id_prefix: str = "s") -> LedgerAudit
     )
 
 
+def ledger_summary(folder: str | Path) -> str | None:
+    """:func:`audit_line` of run folder ``folder``, or None when it has no checkpoint to audit against."""
+    try:
+        return audit_line(audit_run_folder(folder))
+    except ConfigError:
+        return None
+
+
 def audit_line(audit: LedgerAudit) -> str:
     """The audit in one line, as ``dynres run`` ends with it."""
     return (
