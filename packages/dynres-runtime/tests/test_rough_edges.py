@@ -10,7 +10,7 @@ import importlib.util
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
+from click.testing import CliRunner, Result
 
 from dynres.runtime.cli import main
 
@@ -39,7 +39,7 @@ class Rough(Policy):
 '''
 
 
-def _invoke(*args: str) -> object:
+def _invoke(*args: str) -> Result:
     return CliRunner().invoke(main, list(args))
 
 
