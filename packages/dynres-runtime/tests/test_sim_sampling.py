@@ -54,7 +54,7 @@ def test_a_larger_model_is_slower_everywhere_on_the_same_machine():
         import dynres.runtime.sim.sampling as sampling
 
         real = sampling._draw_model
-        sampling._draw_model = lambda _rng: ("moe", total_b, active_b)
+        sampling._draw_model = lambda rng: ("moe", total_b, active_b)  # the signature of the function it stands in for
         try:
             sc, _ = draw_scenario(rng, "x")
         finally:
