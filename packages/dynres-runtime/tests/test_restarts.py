@@ -20,6 +20,7 @@ from dynres.core.errors import BackendError, RunAbortedError
 from dynres.runtime.backends.fake import FakeCluster, FakeReplica, fake_prompts
 from dynres.runtime.loop.checkpoint import CheckpointStore
 from dynres.runtime.loop.driver import FullyAsyncRun, RunSpec
+from dynres.runtime.loop.report import RunReport
 from dynres.runtime.loop.restarts import RestartBudget
 from dynres.runtime.protocols import Replica
 from dynres.runtime.sim.virtual_time import run_virtual
@@ -140,7 +141,9 @@ def test_lost_hybrid_while_active_rejoins_routing_with_current_weights() -> None
             while "h0" not in [r.replica_id for r in run.controller.active]:
                 await asyncio.sleep(0.01)
             seen["state"] = run.controller.state.value
-            seen["version"] = (cl.hybrid[0].weight_version, run.controller.last_update.version)
+            update = run.controller.last_update
+            assert update is not None
+            seen["version"] = (cl.hybrid[0].weight_version, update.version)
 
         task = asyncio.create_task(killer())
         report = await run.run()
@@ -258,7 +261,7 @@ def test_trainer_dying_ends_the_run_with_a_report_and_a_checkpoint(tmp_path) -> 
     with pytest.raises(RunAbortedError, match="actor 'trainer' is lost") as err:
         run_virtual(main)
     report = err.value.report
-    assert report.checkpoint is not None and 4 <= len(report.cycles) < 8
+    assert isinstance(report, RunReport) and report.checkpoint is not None and 4 <= len(report.cycles) < 8
     ledger_of(run, source, cl.engine, dropped, checkpoint=report.checkpoint).assert_exactly_once()
     # the latest checkpoint on disk is whole and names the cycle it was written after
     latest = store.load()
