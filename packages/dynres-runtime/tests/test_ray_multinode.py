@@ -13,6 +13,7 @@ admitted sample is still accounted for, and the report names the replica and the
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -26,7 +27,7 @@ from dynres.runtime.realrun import load_run_config
 from dynres.runtime.realrun.on_ray import CoordinatorActor
 
 ROLLOUT = {"tokens_per_s": 40.0, "response_tokens": 24, "latency": {"sleep": 0.05, "wake_up": 0.05}}
-RUN = {
+RUN: dict[str, Any] = {  # a run file's document
     "run": {"steps": 6, "seed": 3},
     "ray": {
         "trainer_slot": {"CPU": 0.2, "trainer_slot": 1},
@@ -74,7 +75,7 @@ async def _scenario(cluster, nodes):
         # Placement: standalone replicas on two rollout nodes, hybrid with the trainer.
         assert {s0.node_id, s1.node_id} < set(by_node)
         [spare] = set(by_node) - {s0.node_id, s1.node_id}
-        assert system.hybrid[0].node_id == system.trainer.node_id == head_id
+        assert system.trainer is not None and system.hybrid[0].node_id == system.trainer.node_id == head_id
 
         coord = rc.spawn(CoordinatorActor, 0.01, node_id=head_id)
         where = await coord.ping.remote()
