@@ -72,7 +72,9 @@ def build(cl: FakeCluster, source: Any, **kw: Any) -> FullyAsyncRun:
 
 
 def run_with_death(cl: FakeCluster, *, at_s: float, replica: str, how: str = "lose", **kw: Any) -> Any:
-    """Run ``build(cl)`` on the virtual loop; ``replica`` dies at loop time ``at_s`` (lose or kill)."""
+    """Run ``build(cl)`` on the virtual loop; ``replica`` dies at loop time ``at_s`` (lose or kill).
+
+    Returns the report, the run's sample ledger and the run."""
     source = RecordingSource(fake_prompts(n=2))
     run = build(cl, source, **kw)
     dropped = run.queue.dropped_ids
@@ -83,7 +85,7 @@ def run_with_death(cl: FakeCluster, *, at_s: float, replica: str, how: str = "lo
         return await run.run()
 
     report = run_virtual(main)
-    return report, ledger_of(run, source, cl.engine, dropped)
+    return report, ledger_of(run, source, cl.engine, dropped), run
 
 
 def first(log: list[Any], target: Any, op: str, event: str = "start", after: float = -1.0) -> float | None:
@@ -93,7 +95,7 @@ def first(log: list[Any], target: Any, op: str, event: str = "start", after: flo
 
 def test_lost_standalone_is_recreated_with_current_weights_and_nothing_is_lost() -> None:
     cl = cluster()
-    report, ledger = run_with_death(cl, at_s=2.0, replica="s1")
+    report, ledger, run = run_with_death(cl, at_s=2.0, replica="s1")
     assert len(report.cycles) == 8, report.stopped_early
     ledger.assert_exactly_once()
     assert report.samples.failed == 0 and report.samples.duplicates == 0
@@ -112,11 +114,13 @@ def test_lost_standalone_is_recreated_with_current_weights_and_nothing_is_lost()
     assert loaded is not None and generated is not None and loaded < generated
     assert new.weight_version == report.weight_version and new.completed  # it generated again
     assert cl.violations() == []
+    # a checkpoint keeps the restarts (a resumed run carries them on)
+    assert run.checkpoint()["replica_restarts"][0]["replica"] == "s1"
 
 
 def test_dead_but_present_replica_fails_its_probes_then_is_recreated() -> None:
     cl = cluster()
-    report, ledger = run_with_death(cl, at_s=1.0, replica="s0", how="kill", probation_backoff_s=0.1, max_probes=2)
+    report, ledger, _ = run_with_death(cl, at_s=1.0, replica="s0", how="kill", probation_backoff_s=0.1, max_probes=2)
     ledger.assert_exactly_once()
     events = [e.event for e in report.replica_events if e.replica == "s0"]
     assert events == ["probation", "restart", "back"]
@@ -207,7 +211,7 @@ def test_restart_budget_backs_off_then_quarantines() -> None:
         attempts.append(asyncio.get_running_loop().time())
         raise BackendError("no placement fits")
 
-    report, ledger = run_with_death(
+    report, ledger, _ = run_with_death(
         cl, at_s=1.0, replica="s1", restart_replica=failing, max_restarts=3, probation_backoff_s=0.5
     )
     ledger.assert_exactly_once()
@@ -224,7 +228,7 @@ def test_restart_budget_backs_off_then_quarantines() -> None:
 
 def test_without_a_restarter_a_lost_replica_is_quarantined() -> None:
     cl = cluster()
-    report, ledger = run_with_death(cl, at_s=1.0, replica="s1", restart_replica=None)
+    report, ledger, _ = run_with_death(cl, at_s=1.0, replica="s1", restart_replica=None)
     ledger.assert_exactly_once()
     assert "the replica is lost" in report.quarantined["s1"] and not report.replica_restarts
 

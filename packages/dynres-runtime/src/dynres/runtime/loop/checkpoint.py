@@ -61,11 +61,14 @@ def make_checkpoint(
     rollouter: Rollouter,
     *,
     dropped_before: Sequence[str] = (),
+    restarts: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
     """The run's resumable state as JSON-serialisable data (see the module docs).
 
     ``dropped_before``: ids dropped as stale by the segments before this one (from the checkpoint
-    it resumed). Raises PolicyError when the policy's ``state_dict`` raises or is not plain JSON.
+    it resumed); ``restarts``: the replica restarts so far, over every segment (kept under
+    ``replica_restarts`` for the record). Raises PolicyError when the policy's ``state_dict``
+    raises or is not plain JSON.
     """
     partial = [
         {
@@ -89,6 +92,7 @@ def make_checkpoint(
             "dropped_stale": queue.dropped_stale,
         },
         "dropped": [*dropped_before, *queue.dropped_ids],
+        "replica_restarts": [dict(r) for r in restarts],
     }
 
 

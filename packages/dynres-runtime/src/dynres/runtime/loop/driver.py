@@ -35,6 +35,7 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -267,7 +268,8 @@ class FullyAsyncRun:
         self.switch_calibration = None
         self.interrupted_report = None
         self._started = False
-        self._dropped_before: list[str] = list((spec.resume_from or {}).get("dropped", []))
+        # What the segments before this one did, carried from checkpoint to checkpoint.
+        self._carried = {key: list((spec.resume_from or {}).get(key, [])) for key in ("dropped", "replica_restarts")}
 
     def _wire_sample_path(self) -> None:
         """The balancer, the message queue and the rollouter: prompts -> requests -> samples."""
@@ -611,7 +613,13 @@ class FullyAsyncRun:
         if not self._started:
             raise RuntimeStateError("checkpoint() needs a started run; call run() first")
         return make_checkpoint(
-            self.policy, self.tracker, self.trainer, self.queue, self.rollouter, dropped_before=self._dropped_before
+            self.policy,
+            self.tracker,
+            self.trainer,
+            self.queue,
+            self.rollouter,
+            dropped_before=self._carried["dropped"],
+            restarts=[*self._carried["replica_restarts"], *map(dataclasses.asdict, self.controller.restarts.records)],
         )
 
     async def _periodic_checkpoint(self, step: int) -> None:
