@@ -82,6 +82,18 @@ def pytest_ignore_collect(collection_path: Any, config: pytest.Config) -> bool |
     return True if _checks_only(config) else None
 
 
+def wrap_to_terminal(text: str, width: int) -> str:
+    """``text`` with each line folded to ``width`` columns (continuations indented two spaces), so a
+    check's message reads whole in an 80-column terminal; long words (reprs, paths) are cut too."""
+    import textwrap
+
+    width = max(width, 40)
+    return "\n".join(
+        textwrap.fill(line, width, subsequent_indent="  ", break_on_hyphens=False) if len(line) > width else line
+        for line in text.splitlines()
+    )
+
+
 class PolicyCheckItem(pytest.Item):
     """One conformance check run against one policy."""
 
@@ -105,7 +117,7 @@ class PolicyCheckItem(pytest.Item):
         from dynres.testkit.checks import PolicyCheckFailure
 
         if isinstance(excinfo.value, PolicyCheckFailure):
-            return str(excinfo.value)
+            return wrap_to_terminal(str(excinfo.value), self.config.get_terminal_writer().fullwidth)
         return super().repr_failure(excinfo)
 
     def reportinfo(self) -> tuple[Any, int | None, str]:
