@@ -34,8 +34,13 @@ slowly, trains slowly and syncs slowly; a small one does everything fast):
    the median (8K-128K), group correlation 0.3-0.8, growth -0.2% to +0.6% a cycle.
 10. **Algorithm**: staleness 0, 0.1, 0.3, 0.5, 1 or 2; trigger 1-8; partial rollout on in four
     draws of five; 4, 8 or 16 responses a prompt; 16-64 samples in flight per replica; the
-    mini-batch sized so that a cycle's samples are 0.5-2x what the rollout pool holds in flight
-    (at most 1,024 responses a cycle, which keeps a simulation to seconds); 20 sync cycles.
+    mini-batch sized so that a cycle's samples are 0.5-2x what the rollout pool holds in flight;
+    20 sync cycles.
+11. **Scale**: a cycle of more than 1,024 responses is simulated at 1/k scale, one simulated
+    sample standing for k real ones: the mini-batch and the samples in flight per replica divided
+    by k, the replica's peak divided by k and its half-saturation concurrency with it, so that each
+    sample takes its real time, a cycle its real length, and switch and sync costs keep their real
+    share of it; training time is the real batch's. This keeps one simulation to seconds.
 
 docs/simulator.md cites where each range comes from.
 """
@@ -97,6 +102,8 @@ class Draw:
     """Host-device bandwidth for sleep, wake-up, offload and onload (GB/s)."""
     mfu: float
     """Trainer model-FLOPs utilisation (fraction)."""
+    scale: float = 1.0
+    """Real samples one simulated sample stands for (ratio; see :func:`draw_scenario`)."""
 
 
 def _log_uniform(rng: random.Random, lo: float, hi: float) -> float:
@@ -153,13 +160,19 @@ def draw_scenario(rng: random.Random, name: str) -> tuple[dict[str, Any], Draw]:
     staleness = rng.choice((0.0, 0.1, 0.3, 0.5, 1.0, 2.0))
     trigger = rng.randint(1, 8)
     replicas = max(1, rollout_gpus // tp) if rollout_gpus else max(1, trainer_gpus // tp)
-    in_flight = replicas * concurrent
-    cycle_samples = in_flight * rng.uniform(0.5, 2.0)
-    mini_batch = max(1, min(MAX_RESPONSES_PER_CYCLE // (n * trigger), round(cycle_samples / trigger)))
+    mini_real = max(1, round(replicas * concurrent * rng.uniform(0.5, 2.0) / trigger))
+    # Simulated at 1/scale: one simulated sample stands for `scale` real ones, each replica holds
+    # 1/scale of the samples at 1/scale of the speed, so every sample takes its real time and a
+    # cycle its real length (switch and sync costs keep their real proportion to it).
+    scale = max(1.0, min(concurrent, mini_real * n * trigger / MAX_RESPONSES_PER_CYCLE))
+    mini_batch = max(1, round(mini_real / scale))
+    scale = mini_real / mini_batch
+    concurrent_sim = max(1, round(concurrent / scale))
+    lone = rng.uniform(0.05, 0.2)
     mfu = rng.uniform(0.30, 0.45)
     mean_tokens = median * math.exp(0.5 * 1.0**2)  # the lognormal's mean at sigma ~ 1, before the cap
     prompt = int(_log_uniform(rng, 64, 2048))
-    step_tokens = mini_batch * n * (prompt + mean_tokens)
+    step_tokens = mini_real * n * (prompt + mean_tokens)
     step_s = step_tokens * TRAIN_FLOPS_PER_PARAM * active_b * 1e9 / (trainer_gpus * flops * mfu)
     sync_gbps = _log_uniform(rng, 3, 30)
     pcie_gbps = rng.uniform(10, 25)
@@ -181,7 +194,7 @@ def draw_scenario(rng: random.Random, name: str) -> tuple[dict[str, Any], Draw]:
             "staleness_threshold": staleness,
             "trigger_parameter_sync_step": trigger,
             "partial_rollout": rng.random() < 0.8,
-            "concurrent_samples_per_replica": concurrent,
+            "concurrent_samples_per_replica": concurrent_sim,
         },
         "actor_rollout_ref": {"actor": {"ppo_mini_batch_size": mini_batch}, "rollout": {"n": n}},
         "cluster": {
@@ -200,8 +213,9 @@ def draw_scenario(rng: random.Random, name: str) -> tuple[dict[str, Any], Draw]:
                 "growth_per_step": round(rng.uniform(-0.002, 0.006), 5),
             },
             "decode": {
-                "peak_tokens_per_s": round(peak, 1),
-                "lone_request_fraction": round(rng.uniform(0.05, 0.2), 3),
+                "peak_tokens_per_s": round(peak / scale, 3),
+                # c_half = (1 - f) / f shrinks with the scale, so a simulated request decodes as fast as a real one.
+                "lone_request_fraction": round(1.0 / (1.0 + (1.0 / lone - 1.0) / scale), 4),
                 "prefill_cost": round(rng.uniform(0.05, 0.2), 3),
                 "hybrid_speed_factor": round(min(1.0, max(0.05, rng.betavariate(2.0, 1.2))), 3),
             },
@@ -216,7 +230,7 @@ def draw_scenario(rng: random.Random, name: str) -> tuple[dict[str, Any], Draw]:
             "trainer_onload_s": round(trainer_gb / pcie_gbps, 3),
         },
     }
-    return scenario, Draw(model, total_b, active_b, gpu, sync_gbps, pcie_gbps, mfu)
+    return scenario, Draw(model, total_b, active_b, gpu, sync_gbps, pcie_gbps, mfu, round(scale, 3))
 
 
 def sample_scenarios(seed: int, count: int) -> Iterator[tuple[dict[str, Any], Draw]]:
@@ -243,7 +257,7 @@ def write_samples(seed: int, count: int, out: Path) -> list[Path]:
             f"# Drawn by `dynres scenario sample --seed {seed}` (dynres.runtime.sim.sampling): "
             f"{draw.model} model, {draw.total_b:.1f}B parameters ({draw.active_b:.2f}B active), "
             f"{draw.gpu} GPUs, weight sync at {draw.sync_gbps:.1f} GB/s, PCIe {draw.pcie_gbps:.1f} GB/s, "
-            f"MFU {draw.mfu:.2f}.\n"
+            f"MFU {draw.mfu:.2f}; simulated at 1/{draw.scale:g} scale (one sample stands for {draw.scale:g}).\n"
         )
         path.write_text(header + yaml.safe_dump(scenario, sort_keys=False), encoding="utf-8")
         paths.append(path)
