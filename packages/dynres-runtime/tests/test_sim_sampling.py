@@ -67,7 +67,9 @@ def test_a_larger_model_is_slower_everywhere_on_the_same_machine():
     small, large = costs(40.0, 4.0), costs(80.0, 8.0)
     assert small["cluster"]["gpus_per_replica"] <= large["cluster"]["gpus_per_replica"]
     assert large["real_peak_per_gpu"] < small["real_peak_per_gpu"]  # twice the active bytes per token
-    assert large["costs"]["weight_sync_s"] == pytest.approx(2 * small["costs"]["weight_sync_s"])
+    assert large["costs"]["weight_sync_s"] == pytest.approx(
+        2 * small["costs"]["weight_sync_s"], abs=2e-3
+    )  # rounded to ms
     assert large["costs"]["trainer_offload_s"] > small["costs"]["trainer_offload_s"]
 
 
