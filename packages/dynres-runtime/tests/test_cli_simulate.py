@@ -56,7 +56,8 @@ def test_simulate_preset_with_compare_json_and_plots(tmp_path: Path) -> None:
         "3",
     )
     assert code == 0, err
-    assert "end-to-end" in out and "bound (h)" in out and "seed-static-16-16[static_fully_async]" in out
+    assert "end-to-end" in out and "seed-static-16-16[static_fully_async]" in out
+    assert "(min)" in out  # a short run's times in minutes, not 0.0xx hours
     data = json.loads(js.read_text())
     assert [r["scenario"] for r in data["runs"]] == ["seed-dynamic-16-16", "seed-static-16-16"]
     for run in data["runs"]:
@@ -157,20 +158,23 @@ def test_table_fits_80_columns() -> None:
     """At 80 columns every number and every label is printed whole (no cut or folded values)."""
     from rich.console import Console
 
-    from dynres.runtime.cli.simulate import _summary_tables
+    from dynres.runtime.cli.simulate import _summary_tables, time_unit
     from dynres.runtime.sim import simulate
+    from dynres.runtime.sim.comparison import Comparison
 
     results = [
         simulate("seed-dynamic-16-16", policy=p, overrides={"steps": 2}) for p in ("default", "static_fully_async")
     ]
     console = Console(width=80, record=True, markup=False)
-    for table in _summary_tables(results):
+    for table in _summary_tables(Comparison(results)):
         console.print(table)
     text = console.export_text()
     assert max(len(line.rstrip()) for line in text.splitlines()) <= 80
+    unit, per, digits = time_unit([r.end_to_end_s for r in results])
+    assert unit == "min" and f"({unit})" in text
     for r in results:
         assert r.label in text
-        assert f"{r.end_to_end_s / 3600:.3f}" in text and f"{r.lower_bound_s / 3600:.3f}" in text
+        assert f"{r.end_to_end_s / per:.{digits}f}" in text and f"{r.lower_bound_s / per:.{digits}f}" in text
 
 
 def test_simulate_scenario_file_single_json_object(tmp_path: Path) -> None:
@@ -317,7 +321,7 @@ def test_seeds_prints_mean_and_spread_and_writes_them(tmp_path: Path) -> None:
     code, out, _ = _run(
         "simulate", "--preset", "seed-dynamic-16-16", "--set", "steps=1", "--seeds", "3", "--json", str(path)
     )
-    assert code == 0 and "over seeds 0..2: mean" in out
+    assert code == 0 and "mean of seeds 0..2" in out and "#1 over seeds 0..2: " in out
     row = json.loads(path.read_text())["over_seeds"]["seed-dynamic-16-16[default]"]  # keyed by run label
     assert row["seeds"] == [0, 1, 2] and len(set(row["end_to_end_s"])) > 1
     assert row["min_s"] <= row["mean_s"] <= row["max_s"]

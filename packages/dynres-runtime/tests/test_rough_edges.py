@@ -125,3 +125,45 @@ def test_8_policy_file_without_class_says_how_to_name_it(tmp_path: Path) -> None
     res = _invoke("simulate", "--preset", "seed-dynamic-16-16", "--policy", str(tmp_path / "rough.py"))
     assert res.exit_code == 2
     assert f"name the class too, as {tmp_path / 'rough.py'}:Rough" in res.output
+
+
+# ---- 2, 4, 12: the simulate tables -------------------------------------------------------------
+
+
+def _simulate_json(tmp_path: Path, *extra: str, columns: str = "80") -> tuple[str, dict]:
+    import json
+
+    path = tmp_path / "sim.json"
+    res = CliRunner(env={"COLUMNS": columns}).invoke(
+        main, ["simulate", "--preset", "seed-dynamic-16-16", "--set", "steps=3", "--json", str(path), *extra]
+    )
+    assert res.exit_code == 0, res.output
+    return res.stdout, json.loads(path.read_text())
+
+
+def test_2_with_seeds_the_table_and_vs_line_compare_means(tmp_path: Path) -> None:
+    out, data = _simulate_json(tmp_path, "--compare-policy", "static_fully_async", "--seeds", "2")
+    rows = data["over_seeds"]
+    first, second = rows["seed-dynamic-16-16[default]"], rows["seed-dynamic-16-16[static_fully_async]"]
+    of_means = (second["mean_s"] - first["mean_s"]) / first["mean_s"]
+    assert second["vs_first_mean"] == pytest.approx(of_means)
+    assert "simulated end-to-end time, mean of seeds 0..1" in out
+    assert f"{of_means * 100:+.1f}%" in out  # the table's vs #1
+    assert f"{abs(of_means) * 100:.1f}% longer than #1 (means)" in out
+    assert f"{first['mean_s'] / 60:.1f}" in out  # the mean, in minutes, not seed 0's time
+
+
+def test_4_a_short_run_is_not_printed_as_zero_hours(tmp_path: Path) -> None:
+    out, data = _simulate_json(
+        tmp_path, "--set", "workload.train.step_s=1", "--set", "workload.response.median_tokens=50"
+    )
+    assert data["end_to_end_s"] < 600
+    assert "(s)" in out and f"{data['end_to_end_s']:.1f}" in out and "0.000" not in out
+
+
+def test_12_compare_policy_output_fits_80_columns_unwrapped(tmp_path: Path) -> None:
+    # 200 columns: rich would not fold anything, so every line must fit 80 on its own.
+    args = ("--compare-policy", "static_fully_async", "--compare-policy", "predictive", "--seeds", "2")
+    out, _ = _simulate_json(tmp_path, *args, columns="200")
+    lines = [ln.rstrip() for ln in out.splitlines() if not ln.startswith("wrote ")]  # a path is the user's
+    assert max(len(ln) for ln in lines) <= 80, out

@@ -47,37 +47,55 @@ def _list_presets(json_dest: str | None) -> None:
     human_console(json_dest).print(table)
 
 
-def _summary_tables(results: list[Any]) -> tuple[Any, Any]:
-    """Two tables that each fit in 80 columns: end-to-end times, then utilizations and switching."""
+def time_unit(seconds: list[float]) -> tuple[str, float, int]:
+    """The unit the tables give times in, by the longest time: (name, seconds per unit, decimals).
+
+    Seconds below 10 minutes, minutes below 10 hours, else hours, so a short fitted run never
+    prints ``0.000``.
+    """
+    longest = max((t for t in seconds if not math.isnan(t)), default=0.0)
+    if longest < 600:
+        return "s", 1.0, 1
+    if longest < 36_000:
+        return "min", 60.0, 1
+    return "h", 3600.0, 3
+
+
+def _summary_tables(comparison: Any) -> tuple[Any, Any]:
+    """Two tables that each fit in 80 columns: end-to-end times (means over seeds when there are
+    several), then utilizations and switching (each run's first seed)."""
     from rich import box
     from rich.table import Table
 
-    from dynres.runtime.sim.comparison import vs_first
-
-    vs = vs_first(results)
+    results = comparison.results
+    e2e, bound = comparison.end_to_end_s, comparison.lower_bound_s
+    unit, per, digits = time_unit(e2e + bound)
+    seeds = next(iter(comparison.over_seeds.values()), {}).get("seeds", [])
     style: dict[str, Any] = {
         "box": box.SIMPLE_HEAD,
         "title_justify": "left",
         "show_edge": False,
         "padding": (0, 1, 0, 0),
     }
-    times = Table(title="simulated end-to-end time", **style)
+    over = f", mean of seeds {seeds[0]}..{seeds[-1]}" if len(seeds) > 1 else ""
+    times = Table(title=f"simulated end-to-end time{over}", **style)
     times.add_column("#", justify="right", no_wrap=True)
     times.add_column("run: scenario[policy]", overflow="fold")
-    for header in ("end-to-end\n(h)", "lower\nbound (h)", "x\nbound", "vs #1"):
+    for header in (f"end-to-end\n({unit})", f"lower\nbound\n({unit})", "x\nbound", "vs #1"):
         times.add_column(header, justify="right", no_wrap=True)
-    util = Table(title="utilization and switching (means over steps)", **style)
+    util = Table(title=f"utilization and switching (step means{f', seed {seeds[0]}' if over else ''})", **style)
     util.add_column("#", justify="right", no_wrap=True)
     for header in ("train\nutil", "rollout\nutil", "cluster\nutil", "hybrid\nswitches", "mq_size\n(samples)"):
         util.add_column(header, justify="right", no_wrap=True)
-    for i, (r, d) in enumerate(zip(results, vs, strict=True), start=1):
+    rows = zip(results, e2e, bound, comparison.vs_first, strict=True)
+    for i, (r, t, b, d) in enumerate(rows, start=1):
         s = r.summary()
         times.add_row(
             str(i),
             r.label,
-            _fmt(r.end_to_end_s / 3600, 3),
-            _fmt(r.lower_bound_s / 3600, 3),
-            _fmt(s["ratio_to_bound"]),
+            _fmt(t / per, digits),
+            _fmt(b / per, digits),
+            _fmt(t / b if b > 0 else None),
             "-" if i == 1 else f"{d * 100:+.1f}%",
         )
         util.add_row(
@@ -98,18 +116,19 @@ def _comparison_lines(comparison: Any) -> list[str]:
         if i == 1 or math.isnan(d):
             continue
         how = f"{abs(d) * 100:.1f}% {'longer' if d > 0 else 'shorter'} than" if d else "as long as"
-        lines.append(f"#{i} {r.label}: {how} #1")
+        lines.append(f"#{i} {r.label}: {how} #1" + (" (means)" if comparison.over_seeds else ""))
     return lines
 
 
 def _seed_lines(comparison: Any) -> list[str]:
-    """One line per run with its end-to-end time over seeds (none with one seed per run)."""
+    """Per run, its end-to-end time's minimum, maximum and spread over seeds (none with one seed per run)."""
+    rows = comparison.over_seeds
+    unit, per, digits = time_unit([t for row in rows.values() for t in row["end_to_end_s"]])
+    numbers = {r.label: i for i, r in reversed(list(enumerate(comparison.results, start=1)))}
     return [
-        f"{label}: end-to-end over seeds {row['seeds'][0]}..{row['seeds'][-1]}: "
-        f"mean {_fmt(row['mean_s'] / 3600, 3)} h, min {_fmt(row['min_s'] / 3600, 3)} h, "
-        f"max {_fmt(row['max_s'] / 3600, 3)} h (spread {row['spread'] * 100:.1f}%), "
-        f"lower bound mean {_fmt(row['lower_bound_mean_s'] / 3600, 3)} h"
-        for label, row in comparison.over_seeds.items()
+        f"#{numbers[label]} over seeds {row['seeds'][0]}..{row['seeds'][-1]}: {_fmt(row['min_s'] / per, digits)} "
+        f"to {_fmt(row['max_s'] / per, digits)} {unit} (spread {row['spread'] * 100:.1f}%)"
+        for label, row in rows.items()
     ]
 
 
@@ -373,7 +392,7 @@ def _print_comparison(comparison: Any, json_dest: str | None, plot_dir: str | No
     from dynres.runtime.sim.comparison import plot_comparison
 
     out = human_console(json_dest)
-    times, util = _summary_tables(comparison.results)
+    times, util = _summary_tables(comparison)
     out.print(times)
     out.print()
     out.print(util)

@@ -135,16 +135,35 @@ class Comparison:
     ((max - min) / mean, fraction) and ``lower_bound_mean_s``."""
 
     @property
+    def end_to_end_s(self) -> list[float]:
+        """Each run's end-to-end time: the mean over its seeds when there are several, else its one run (seconds)."""
+        return [self.over_seeds[r.label]["mean_s"] if self.over_seeds else r.end_to_end_s for r in self.results]
+
+    @property
+    def lower_bound_s(self) -> list[float]:
+        """Each run's lower bound, averaged over its seeds like :attr:`end_to_end_s` (seconds)."""
+        if not self.over_seeds:
+            return [r.lower_bound_s for r in self.results]
+        return [self.over_seeds[r.label]["lower_bound_mean_s"] for r in self.results]
+
+    @property
     def vs_first(self) -> list[float]:
-        """Each run's relative difference in end-to-end time from run 1 (fraction; run 1: 0)."""
-        return vs_first(self.results)
+        """Each run's relative difference in :attr:`end_to_end_s` from run 1 (fraction; run 1: 0):
+        of the means when there are several seeds, so one draw never decides a comparison."""
+        times = self.end_to_end_s
+        return [relative_difference(t, times[0]) for t in times]
 
     def to_dict(self) -> Any:
-        """The ``--json`` payload: one run's object, or ``{"runs": [...], "vs_first": {label: fraction}}``;
-        with ``over_seeds`` added when there are several seeds per run."""
+        """The ``--json`` payload: one run's object, or ``{"runs": [...], "vs_first": {label: fraction}}``
+        (each run's first seed); with ``over_seeds`` added when there are several seeds per run
+        (each with ``vs_first_mean``, the difference of the means from run 1's)."""
         payload = _payload(self.results)
         if self.over_seeds:
-            payload["over_seeds"] = self.over_seeds
+            vs = {r.label: d for r, d in zip(self.results, self.vs_first, strict=True)}
+            payload["over_seeds"] = {
+                label: {**row, "vs_first_mean": None if math.isnan(vs[label]) else vs[label]}
+                for label, row in self.over_seeds.items()
+            }
         return payload
 
 
