@@ -54,14 +54,21 @@ def _figures(monkeypatch: pytest.MonkeyPatch) -> dict[str, Figure]:
 def test_run_plots_name_the_run_draw_the_cap_and_drop_the_last_queue_point(runs, tmp_path, monkeypatch) -> None:
     kept = _figures(monkeypatch)
     r = runs[0]
-    paths = plots.write_plots(r.report, tmp_path, title=r.label, queue_cap=r.queue_cap, hybrid_replicas=16)
+    paths = plots.write_plots(r.report, tmp_path, title=r.label, mq_size_cap=r.mq_size_cap, hybrid_replicas=16)
     assert [p.name for p in paths] == list(plots.PLOT_FILES)
     for name in plots.PLOT_FILES:
         assert r.label in kept[name].axes[0].get_title(), name
     ax = kept["mq_size.png"].axes[0]
     line, cap = ax.get_lines()[:2]
     assert np.asarray(line.get_xdata()).tolist() == [1, 2, 3, 4]  # step 5 (generation stopped) left out
-    assert np.asarray(cap.get_ydata()).tolist() == [r.queue_cap, r.queue_cap] and r.queue_cap == 96
+    # mq_size is read after a cycle's last fit step: it reaches 32 there, not the queue's 96 (issue 30, item 3)
+    assert np.asarray(cap.get_ydata()).tolist() == [r.mq_size_cap, r.mq_size_cap] and r.mq_size_cap == 32
+    assert max(r.report.metric_series("dynamic_resource/mq_size")) <= r.mq_size_cap
+    for name in plots.PLOT_FILES:  # each title lies inside its figure (a long label was cut at the left)
+        fig = kept[name]
+        fig.canvas.draw()
+        box = fig.axes[0].title.get_window_extent()
+        assert box.x0 >= 0 and box.x1 <= fig.bbox.width, name
     for name in ("mq_size.png", "utilization.png", "step_time.png"):
         ticks = kept[name].axes[0].get_xticks()
         assert all(float(t).is_integer() for t in ticks), (name, ticks)
@@ -78,7 +85,7 @@ def test_static_run_says_it_has_no_hybrid_timeline(runs, tmp_path, monkeypatch) 
 def test_comparison_has_an_end_to_end_bar_per_run_and_labelled_lines(runs, tmp_path, monkeypatch) -> None:
     kept = _figures(monkeypatch)
     reports = {r.label: r.report for r in runs}
-    paths = plots.write_comparison_plots(reports, tmp_path, queue_caps={r.label: r.queue_cap for r in runs})
+    paths = plots.write_comparison_plots(reports, tmp_path, mq_size_caps={r.label: r.mq_size_cap for r in runs})
     assert [p.name for p in paths] == list(plots.COMPARISON_FILES)
     bars = kept["compare_end_to_end.png"].axes[0]
     assert [t.get_text() for t in bars.get_yticklabels()] == list(reports)

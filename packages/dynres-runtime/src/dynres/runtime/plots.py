@@ -104,6 +104,12 @@ def _queue_points(report: RunReport) -> tuple[list[int], list[float]]:
     return steps, sizes
 
 
+def _title(ax: Any, label: str, what: str) -> None:
+    """The run's label over what the plot shows, on two lines: a long label never
+    pushes the title past the figure's left edge."""
+    ax.set_title(f"{label}\n{what}", fontsize="medium")
+
+
 def _legend(ax: Any) -> None:
     # Outside the axes, so the legend never covers data.
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, fontsize="small")
@@ -122,20 +128,21 @@ def write_plots(
     out_dir: str | Path,
     *,
     title: str = "",
-    queue_cap: int | None = None,
+    mq_size_cap: int | None = None,
     hybrid_replicas: int | None = None,
 ) -> list[Path]:
     """Write one run's queue size, utilizations, step time and hybrid timeline PNGs; return paths.
 
-    ``title`` names the run (``scenario[policy]``; default: the policy); ``queue_cap`` (samples,
-    a cycle's samples plus the staleness buffer) is drawn on the queue plot when given;
+    ``title`` names the run (``scenario[policy]``; default: the policy); ``mq_size_cap`` (samples,
+    the most that can wait after a cycle's last fit step: ``loop.driver.mq_size_cap``) is drawn
+    on the queue plot when given;
     ``hybrid_replicas`` = 0 marks a static run, whose timeline plot says it has none.
     """
     plt = _pyplot()
     out = _out_dir(out_dir)
     label = title or report.policy
     drawings: tuple[tuple[str, tuple[float, float], Any], ...] = (
-        (PLOT_FILES[0], (8, 3.6), lambda ax: _draw_queue(ax, report, label, queue_cap)),
+        (PLOT_FILES[0], (8, 3.6), lambda ax: _draw_queue(ax, report, label, mq_size_cap)),
         (PLOT_FILES[1], (8, 3.6), lambda ax: _draw_utilization(ax, report, label)),
         (PLOT_FILES[2], (8, 3.6), lambda ax: _draw_step_time(ax, report, label)),
         (PLOT_FILES[3], (9, 2.8), lambda ax: _draw_hybrid_timeline(ax, report, label, hybrid_replicas)),
@@ -148,13 +155,14 @@ def write_plots(
     return paths
 
 
-def _draw_queue(ax: Any, report: RunReport, label: str, queue_cap: int | None) -> None:
-    """The samples waiting after each fit step, and the queue cap when given."""
+def _draw_queue(ax: Any, report: RunReport, label: str, mq_size_cap: int | None) -> None:
+    """The samples waiting after each fit step, and the most that can wait then, when given."""
     qs, qv = _queue_points(report)
     ax.plot(qs, qv, marker=".", label="samples waiting after the fit step")
-    if queue_cap is not None:
-        ax.axhline(queue_cap, color="tab:red", linestyle="--", label=f"queue cap ({queue_cap} samples)")
-    ax.set(ylabel="samples", title=f"{label}: samples waiting in the queue after each step")
+    if mq_size_cap is not None:
+        ax.axhline(mq_size_cap, color="tab:red", linestyle="--", label=f"most that can wait ({mq_size_cap} samples)")
+    _title(ax, label, "samples waiting in the queue after each step")
+    ax.set(ylabel="samples")
     ax.set_ylim(bottom=0)
     _integer_steps(ax, last_left_out=len(qs) < len(report.cycles))
     _legend(ax)
@@ -170,7 +178,8 @@ def _draw_utilization(ax: Any, report: RunReport, label: str) -> None:
         (CLUSTER_UTILIZATION, "whole cluster"),
     ):
         ax.plot(steps, report.metric_series(key), marker=".", label=name)
-    ax.set(ylabel="busy fraction", ylim=(0, 1.05), title=f"{label}: how busy the GPUs were in each step")
+    _title(ax, label, "how busy the GPUs were in each step")
+    ax.set(ylabel="busy fraction", ylim=(0, 1.05))
     _integer_steps(ax)
     _legend(ax)
     ax.grid(alpha=0.3)
@@ -179,7 +188,8 @@ def _draw_utilization(ax: Any, report: RunReport, label: str) -> None:
 def _draw_step_time(ax: Any, report: RunReport, label: str) -> None:
     """The time of each sync cycle."""
     ax.plot(_steps(report), [c.duration_s for c in report.cycles], marker=".")
-    ax.set(ylabel="seconds", title=f"{label}: time of each step (sync cycle)")
+    _title(ax, label, "time of each step (sync cycle)")
+    ax.set(ylabel="seconds")
     ax.set_ylim(bottom=0)
     _integer_steps(ax)
     ax.grid(alpha=0.3)
@@ -187,7 +197,7 @@ def _draw_step_time(ax: Any, report: RunReport, label: str) -> None:
 
 def _draw_hybrid_timeline(ax: Any, report: RunReport, label: str, hybrid_replicas: int | None) -> None:
     """The controller's state over the run (hours), or why there is none to show."""
-    ax.set(title=f"{label}: were the trainer's GPUs lent out as hybrid replicas?")
+    _title(ax, label, "were the trainer's GPUs lent out as hybrid replicas?")
     if hybrid_replicas == 0 or not report.timeline:
         why = (
             "static run: no hybrid replicas (dynamic scheduling is off)"
@@ -213,11 +223,12 @@ def _draw_hybrid_timeline(ax: Any, report: RunReport, label: str, hybrid_replica
 
 
 def write_comparison_plots(
-    reports: Mapping[str, RunReport], out_dir: str | Path, *, queue_caps: Mapping[str, int] | None = None
+    reports: Mapping[str, RunReport], out_dir: str | Path, *, mq_size_caps: Mapping[str, int] | None = None
 ) -> list[Path]:
     """Overlay several runs (keys are their labels): end-to-end bars, queue, utilization, step time.
 
-    ``queue_caps`` maps a label to its queue cap (samples); distinct caps are drawn as dashed lines.
+    ``mq_size_caps`` maps a label to the most samples that can wait after its cycles' last fit step;
+    distinct values are drawn as dashed lines.
     """
     plt = _pyplot()
     out = _out_dir(out_dir)
@@ -251,9 +262,9 @@ def write_comparison_plots(
             else:
                 xs, ys = _steps(report), report.metric_series(key)
             ax.plot(xs, ys, marker=".", label=label)
-        if key == MQ_SIZE and queue_caps:
-            for cap in sorted(set(queue_caps.values())):
-                ax.axhline(cap, color="tab:red", linestyle="--", label=f"queue cap ({cap} samples)")
+        if key == MQ_SIZE and mq_size_caps:
+            for cap in sorted(set(mq_size_caps.values())):
+                ax.axhline(cap, color="tab:red", linestyle="--", label=f"most that can wait ({cap} samples)")
         if key == CLUSTER_UTILIZATION:
             ax.set_ylim(0, 1.05)
         else:

@@ -90,6 +90,13 @@ def max_required_samples(config: DynresConfig) -> int:
     return int(config.required_samples * (at.staleness_threshold + 1) * at.trigger_parameter_sync_step)
 
 
+def mq_size_cap(config: DynresConfig) -> int:
+    """The most samples that can wait in the queue right after a cycle's last fit step, which is
+    as high as ``dynamic_resource/mq_size`` can go: production runs at most
+    :func:`max_required_samples` ahead, and the cycle itself consumed its step_required_samples (samples)."""
+    return max_required_samples(config) - config.required_samples * config.async_training.trigger_parameter_sync_step
+
+
 @dataclass
 class RunSpec:
     """Everything one fully-async run needs."""

@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dynres.core.context import buffer_samples, step_required_samples
 from dynres.core.errors import RunAbortedError
 from dynres.core.tracking import TrackedRun, TrackingBackend
+from dynres.runtime.loop.driver import mq_size_cap
 from dynres.runtime.realrun.builders import (
     CYCLE_MEAN_PREFIX,
     build_replica,
@@ -316,12 +316,11 @@ def _execute(
             cluster_conn.disconnect()
         write_backend(out, backend)
     dcfg = cfg.dynres_config()
-    step = step_required_samples(dcfg.required_samples, dcfg.async_training.trigger_parameter_sync_step)
     write_report(
         out,
         outcome.report,
         plot_dir=(Path(plot_dir) if plot_dir else out / PLOTS_DIR) if plots else None,
-        queue_cap=step + buffer_samples(step, dcfg.async_training.staleness_threshold),
+        mq_size_cap=mq_size_cap(dcfg),
         hybrid_replicas=dcfg.num_hybrid_replicas,
     )
     return outcome

@@ -130,7 +130,7 @@ def write_report(
     report: Any,
     *,
     plot_dir: Path | None,
-    queue_cap: int | None = None,
+    mq_size_cap: int | None = None,
     hybrid_replicas: int | None = None,
 ) -> None:
     """Write ``report.json`` and, when ``plot_dir`` is given, the plots of ``report`` there."""
@@ -142,6 +142,6 @@ def write_report(
             report,
             plot_dir,
             title=f"dynres run [{report.policy}]",
-            queue_cap=queue_cap,
+            mq_size_cap=mq_size_cap,
             hybrid_replicas=hybrid_replicas,
         )

@@ -263,7 +263,7 @@ def plot_comparison(results: list[SimResult], out_dir: str | Path) -> list[Path]
 
     def one(r: SimResult, where: str | Path, label: str) -> list[Path]:
         return write_plots(
-            r.report, where, title=label, queue_cap=r.queue_cap, hybrid_replicas=r.scenario.num_hybrid_replicas
+            r.report, where, title=label, mq_size_cap=r.mq_size_cap, hybrid_replicas=r.scenario.num_hybrid_replicas
         )
 
     if len(results) == 1:
@@ -275,6 +275,6 @@ def plot_comparison(results: list[SimResult], out_dir: str | Path) -> list[Path]
     paths += write_comparison_plots(
         dict(zip(labels, (r.report for r in results), strict=True)),
         out_dir,
-        queue_caps={lab: r.queue_cap for lab, r in zip(labels, results, strict=True)},
+        mq_size_caps={lab: r.mq_size_cap for lab, r in zip(labels, results, strict=True)},
     )
     return paths

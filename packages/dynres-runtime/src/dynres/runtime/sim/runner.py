@@ -98,6 +98,13 @@ class SimResult:
         return step + buffer_samples(step, self.scenario.async_training.staleness_threshold)
 
     @property
+    def mq_size_cap(self) -> int:
+        """Most samples that can wait after a cycle's last fit step, the reach of ``mq_size`` (count)."""
+        from dynres.runtime.loop.driver import mq_size_cap
+
+        return mq_size_cap(self.scenario.dynres_config())
+
+    @property
     def end_to_end_s(self) -> float:
         """Simulated end-to-end time (seconds)."""
         return self.report.end_to_end_s
