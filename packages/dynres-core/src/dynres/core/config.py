@@ -268,7 +268,8 @@ def format_validation_error(exc: ValidationError, model: type[BaseModel], source
         if err["type"] == "extra_forbidden":
             siblings = _field_names_at(model, loc[:-1])
             hint = did_you_mean(loc[-1], siblings)
-            valid = f"; valid keys here: {', '.join(siblings)}" if siblings and not hint else ""
+            alone = len(exc.errors()) == 1  # with several problems, the lists of valid keys would drown them
+            valid = f"; valid keys here: {', '.join(siblings)}" if siblings and not hint and alone else ""
             parts.append(f"unknown key {key!r}{hint}{valid}")
         elif err["type"] == "missing":
             parts.append(f"missing key {key!r}")
@@ -276,7 +277,17 @@ def format_validation_error(exc: ValidationError, model: type[BaseModel], source
             parts.append(err["msg"].removeprefix("Value error, "))
         else:
             parts.append(f"{key}: {err['msg']} (got {err.get('input')!r})")
+    if len(parts) > MAX_PROBLEMS_SHOWN:
+        # A complete verl config under --strict has dozens; one readable line names the first few.
+        unknown = sum(1 for e in exc.errors() if e["type"] == "extra_forbidden")
+        rest = len(parts) - MAX_PROBLEMS_SHOWN
+        why = " (keys of verl's config that dynres does not model are ignored without --strict)" if unknown > 1 else ""
+        parts = [*parts[:MAX_PROBLEMS_SHOWN], f"and {rest} more problem(s){why}"]
     return where + "; ".join(parts)
+
+
+MAX_PROBLEMS_SHOWN = 3
+"""Problems one validation error line names before it counts the rest."""
 
 
 def _field_names_at(model: type[BaseModel], path: list[str]) -> list[str]:

@@ -27,18 +27,51 @@ def command() -> None:
     is_flag=True,
     help="Print the markdown reference of every kind instead (what docs/config-reference.md holds).",
 )
-def schema(kind: str, markdown: bool) -> None:
+@click.option(
+    "--strict",
+    is_flag=True,
+    help="Reject every key dynres does not model, as `config check --strict` does (default: a config or "
+    "run file may hold verl's other keys, which `config check` ignores).",
+)
+def schema(kind: str, markdown: bool, strict: bool) -> None:
     """Print the JSON Schema of KIND: config (default), run or scenario, from the pydantic models.
 
     Every field carries its description and unit; editors that read JSON Schema can check YAML
-    files against it.
+    files against it. It accepts what `dynres config check` accepts: a config or run file may
+    hold verl's keys dynres does not model (``--strict``: no key beyond dynres's); a scenario
+    takes dynres's keys only.
     """
     import json
 
     if markdown:
         click.echo(reference_markdown(), nl=False)
         return
-    click.echo(json.dumps(schema_model(kind).model_json_schema(), indent=1))
+    click.echo(json.dumps(json_schema(kind, strict=strict), indent=1))
+
+
+def json_schema(kind: str, *, strict: bool = False) -> dict[str, Any]:
+    """The JSON Schema of file kind ``kind``; outside ``strict``, config and run objects admit other keys.
+
+    The models forbid unknown keys, but ``config check`` and ``dynres run`` read a complete verl
+    config by dropping verl's keys first; a schema that forbade them would reject files those
+    commands take. Scenarios are never verl files, so theirs stays closed.
+    """
+    schema = schema_model(kind).model_json_schema()
+    if strict or kind == "scenario":
+        return schema
+
+    def open_objects(node: Any) -> None:
+        if isinstance(node, dict):
+            if node.get("additionalProperties") is False:
+                node["additionalProperties"] = True
+            for value in node.values():
+                open_objects(value)
+        elif isinstance(node, list):
+            for value in node:
+                open_objects(value)
+
+    open_objects(schema)
+    return schema
 
 
 @command.command(name="check", short_help="Validate a config, run or scenario file and the policy it names.")

@@ -117,8 +117,10 @@ def reference_markdown() -> str:
         "     hand. A test fails when this page and the pydantic models disagree. -->",
         "",
         "Every key of the three YAML files dynres reads, with its type, default and meaning (units in",
-        "the meaning). Unknown keys are errors. `dynres config schema [config|run|scenario]` prints the",
-        "same as JSON Schema, for editors.",
+        "the meaning). A key dynres does not know is an error naming the nearest valid key, with one",
+        "exception: a config or run file may be a complete verl config, whose keys dynres does not model",
+        "are ignored and named in one line (`--strict` rejects them). Scenario files take these keys only.",
+        "`dynres config schema [config|run|scenario] [--strict]` prints the same as JSON Schema, for editors.",
         "",
     ]
     for kind in SCHEMA_KINDS:
