@@ -231,6 +231,10 @@ def test_saved_state_resumes_training_bit_exact(tmp_path):
     fresh = TorchTrainEngine(build_tiny_model(seed=5), TorchTrainConfig(lr=1e-3), reward_fn=parity_reward)
     asyncio.run(fresh.load_state(str(tmp_path)))
     assert fresh.version == eng.version == 2
+    # the loaded optimizer state can be offloaded like any other (torch.load's storages cannot)
+    asyncio.run(fresh.offload())
+    assert fresh.resident_bytes() == 0
+    asyncio.run(fresh.onload())
     asyncio.run(eng.train_step(other))
     asyncio.run(fresh.train_step(other))
     assert all(

@@ -57,7 +57,20 @@ def load_torch_state(torch: Any, path: str | Path, *, model: Any, optimizer: Any
         if state["optimizer"] is None:
             raise BackendError(f"the train state in {file} has no optimizer state; it was saved without an optimizer")
         try:
-            optimizer.load_state_dict(state["optimizer"])
+            # torch.load's storages cannot be resized, and an optimizer keeps the tensors it is
+            # given when their device and dtype fit: give it copies, which offload can free.
+            optimizer.load_state_dict(_owned(torch, state["optimizer"]))
         except (ValueError, KeyError, RuntimeError) as exc:
             raise BackendError(f"the optimizer state in {file} does not fit this optimizer: {exc}") from exc
     return {str(k): int(v) for k, v in state["counters"].items()}
+
+
+def _owned(torch: Any, value: Any) -> Any:
+    """``value`` with every tensor inside replaced by a copy that owns its (resizable) storage."""
+    if torch.is_tensor(value):
+        return value.clone()
+    if isinstance(value, dict):
+        return {k: _owned(torch, v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_owned(torch, v) for v in value)
+    return value
