@@ -167,3 +167,20 @@ def test_12_compare_policy_output_fits_80_columns_unwrapped(tmp_path: Path) -> N
     out, _ = _simulate_json(tmp_path, *args, columns="200")
     lines = [ln.rstrip() for ln in out.splitlines() if not ln.startswith("wrote ")]  # a path is the user's
     assert max(len(ln) for ln in lines) <= 80, out
+
+
+# ---- 10: the user docs define every column the simulate tables print -------------------------
+
+
+def test_10_simulator_page_defines_every_utilization_column() -> None:
+    from dynres.runtime.cli.simulate import _summary_tables
+    from dynres.runtime.sim import simulate
+    from dynres.runtime.sim.comparison import Comparison
+
+    page = (ROOT / "docs" / "simulator.md").read_text(encoding="utf-8")
+    _, util = _summary_tables(Comparison([simulate("seed-dynamic-16-16", overrides={"steps": 1})]))
+    headers = [" ".join(str(c.header).split()) for c in util.columns if str(c.header) != "#"]
+    assert headers == ["train util", "rollout util", "cluster util", "hybrid switches", "mq_size (samples)"]
+    for header in headers:
+        assert f"| `{header}` |" in page, header
+    assert "0 rollout GPUs (only hybrid replicas) has a rollout util" in page
