@@ -184,3 +184,20 @@ def test_10_simulator_page_defines_every_utilization_column() -> None:
     for header in headers:
         assert f"| `{header}` |" in page, header
     assert "0 rollout GPUs (only hybrid replicas) has a rollout util" in page
+
+
+# ---- 1 and 9: writing-a-policy.md says where the testkit comes from and that Params is frozen -----
+
+
+def test_1_the_walk_through_installs_the_testkit_before_the_test_extra() -> None:
+    page = (ROOT / "docs" / "writing-a-policy.md").read_text(encoding="utf-8")
+    extra = page.index("pip install -e '.[test]'")
+    assert 0 <= page.find("pip install ./packages/dynres-testkit") < extra
+    # The path it names is the distribution the example's test extra asks for.
+    example = (ROOT / "examples" / "dynres-policy-example" / "pyproject.toml").read_text(encoding="utf-8")
+    assert '"dynres-testkit' in example and (ROOT / "packages" / "dynres-testkit" / "pyproject.toml").exists()
+
+
+def test_9_writing_a_policy_says_params_are_frozen() -> None:
+    page = (ROOT / "docs" / "writing-a-policy.md").read_text(encoding="utf-8")
+    assert "`self.params` is frozen" in page and "policy.params.floor = 0.5" in page
