@@ -201,3 +201,20 @@ def test_1_the_walk_through_installs_the_testkit_before_the_test_extra() -> None
 def test_9_writing_a_policy_says_params_are_frozen() -> None:
     page = (ROOT / "docs" / "writing-a-policy.md").read_text(encoding="utf-8")
     assert "`self.params` is frozen" in page and "policy.params.floor = 0.5" in page
+
+
+# ---- a Python warning (a renamed param) is one dynres line, not a source path and a code line -----
+
+
+def test_a_future_warning_is_one_line_naming_the_fix(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    dynres = Path(sys.executable).parent / "dynres"
+    key = "async_training.dynamic_schedule_policy_params.probe_interval_min=2"
+    args = [str(dynres), "simulate", "--preset", "seed-dynamic-16-16", "--policy", "predictive", "--set", key]
+    res = subprocess.run([*args, "--set", "steps=2"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stderr.splitlines() == [
+        "dynres: warning: predictive param 'probe_interval_min' is deprecated; rename it to 'backoff_min_cycles'"
+    ]

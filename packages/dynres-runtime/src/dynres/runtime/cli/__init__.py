@@ -9,6 +9,7 @@ A command module defines ``command`` (a click command or group) and is listed in
 from __future__ import annotations
 
 import importlib
+import warnings
 from typing import Any
 
 import click
@@ -39,6 +40,17 @@ class DynresCliError(click.ClickException):
         return " ".join(str(self.message).split())
 
 
+def _one_line_warning(
+    message: Warning | str, category: type[Warning], filename: str, lineno: int, line: str | None = None
+) -> str:
+    """A Python warning as the CLI prints it: ``dynres: warning: <message>``, one line, no source path.
+
+    Python's default names the file and echoes the source line under it: two lines about dynres's
+    internals, where a user needs what to change (a renamed param says its new name).
+    """
+    return f"dynres: warning: {' '.join(str(message).split())}\n"
+
+
 class DynresGroup(click.Group):
     """A click group that turns DynresError from any subcommand into :class:`DynresCliError`."""
 
@@ -47,6 +59,8 @@ class DynresGroup(click.Group):
 
         Exit status 2, or the error's own ``exit_code`` (a run interrupted by Ctrl-C: 130).
         """
+        shown = warnings.formatwarning
+        warnings.formatwarning = _one_line_warning  # only while a command runs (tests invoke many)
         try:
             return super().invoke(ctx)
         except DynresError as exc:
@@ -54,6 +68,8 @@ class DynresGroup(click.Group):
         except click.UsageError as exc:
             where = exc.ctx.command_path if exc.ctx is not None else "dynres"
             raise DynresCliError(f"{exc.format_message()} (see '{where} --help')") from None
+        finally:
+            warnings.formatwarning = shown
 
 
 @click.group(cls=DynresGroup, context_settings={"help_option_names": ["-h", "--help"]})
