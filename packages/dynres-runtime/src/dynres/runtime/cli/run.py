@@ -274,14 +274,14 @@ def _summary(report: Any, outcome: Any, out: Path, *, to_stderr: bool) -> None:
         echo("event-loop max gap (ms): " + ", ".join(f"{k} {v:g}" for k, v in lags.items()))
     from dynres.runtime.cli.output import decision_warnings
 
-    for line in decision_warnings(report, f"run {out.name}"):
-        echo(line)
+    for warning in decision_warnings(report, f"run {out.name}"):
+        echo(warning)
     from dynres.runtime.realrun.output import restarts_line
     from dynres.runtime.realrun.resume import ledger_summary
 
-    for line in (restarts_line(report), ledger_summary(out)):
-        if line:
-            echo(line)
+    for said in (restarts_line(report), ledger_summary(out)):
+        if said:
+            echo(said)
     if report.quarantined:
         for rid, why in report.quarantined.items():
             echo(f"replica {rid} was taken out of the run: {why}")

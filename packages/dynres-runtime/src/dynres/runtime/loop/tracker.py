@@ -137,9 +137,11 @@ class RunTracker:
 
     def replace_replica(self, old: Replica, new: Replica) -> None:
         """A recreated replica took ``old``'s place: count its tokens from now on, keep ``old``'s."""
-        self._retired_tokens = tuple(
-            t + ((generated_tokens(old) or 0) if old in group else 0)
-            for t, group in zip(self._retired_tokens, self._replicas, strict=True)
+        gone = generated_tokens(old) or 0
+        standalone, hybrid = self._retired_tokens
+        self._retired_tokens = (
+            standalone + (gone if old in self._replicas[0] else 0),
+            hybrid + (gone if old in self._replicas[1] else 0),
         )
         self._replicas = (
             tuple(new if r is old else r for r in self._replicas[0]),
