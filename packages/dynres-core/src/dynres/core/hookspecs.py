@@ -169,7 +169,7 @@ def dynres_metrics_emitted(step: int, metrics: dict[str, float]) -> None:
 
 
 @hookspec
-def dynres_tracking_backends() -> list[TrackingBackend]:
+def dynres_tracking_backends() -> list[TrackingBackend] | None:
     """Offer tracking backends that verl's ``trainer.logger`` key can name.
 
     Called once per run, before anything starts; every implementation runs and the backends of
@@ -180,7 +180,8 @@ def dynres_tracking_backends() -> list[TrackingBackend]:
     :meth:`~dynres.core.tracking.TrackingBackend.check` runs first, so a missing package stops the
     run before it starts with one line naming what to install. See :mod:`dynres.core.tracking`.
 
-    :return: a list of :class:`~dynres.core.tracking.TrackingBackend` instances (may be empty).
+    :return: a list of :class:`~dynres.core.tracking.TrackingBackend` instances (empty or ``None``:
+        nothing to offer).
     """
 
 

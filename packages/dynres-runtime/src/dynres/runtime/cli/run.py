@@ -235,7 +235,7 @@ def _execute_with_progress(plan: Any, err: Any, *, show: bool) -> Any:
                 plots=plan.plots,
                 plot_dir=plan.plot_dir,
                 tracking=plan.tracking,
-                on_tracking_problem=lambda line: err.print(f"warning: {line}"),
+                on_tracking_problem=lambda line: err.print(f"warning: {line}", markup=False),
                 resume=plan.resume,
             )
     except KeyboardInterrupt as exc:

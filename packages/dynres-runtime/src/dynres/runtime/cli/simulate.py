@@ -70,7 +70,8 @@ def _summary_tables(comparison: Any) -> tuple[Any, Any]:
     results = comparison.results
     e2e, bound = comparison.end_to_end_s, comparison.lower_bound_s
     unit, per, digits = time_unit(e2e + bound)
-    seeds = next(iter(comparison.over_seeds.values()), {}).get("seeds", [])
+    first_row: dict[str, Any] = next(iter(comparison.over_seeds.values()), {})
+    seeds: list[int] = first_row.get("seeds", [])
     style: dict[str, Any] = {
         "box": box.SIMPLE_HEAD,
         "title_justify": "left",

@@ -50,7 +50,7 @@ def installed_backends(pm: pluggy.PluginManager | None = None) -> dict[str, Trac
     found: dict[str, tuple[TrackingBackend, str]] = {}
     for impl in pm.hook.dynres_tracking_backends.get_hookimpls():
         plugin = impl.plugin_name
-        offered = impl.function() or []
+        offered: Any = impl.function() or []  # a plugin's list (None: nothing to offer)
         for backend in offered:
             if not isinstance(backend, TrackingBackend) or not backend.name:
                 raise PluginError(
