@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Lint the workspace: ruff (rules + format), the import-layer contracts, the size limits
-# (scripts/dev/check_sizes.py) and mypy over the distributions, their tests, the benchmarks and
-# the example distribution. Ruff, import-linter and mypy are configured in the root
+# (scripts/dev/check_sizes.py) and mypy over the distributions, their tests, the benchmarks, the
+# dev scripts and the example distribution. Ruff, import-linter and mypy are configured in the root
 # pyproject.toml. Run after scripts/install.sh --dev (scripts/test.sh runs this first).
 #   bash scripts/lint.sh               # every step
 #   bash scripts/lint.sh sizes mypy    # only these steps (.pre-commit-config.yaml runs them one by one)
@@ -19,10 +19,11 @@ step() {
       local failed=0
       echo "== mypy: the distributions"
       "$BIN/mypy" -p dynres.core -p dynres.policies -p dynres.runtime -p dynres.testkit -p dynres.verl || failed=1
-      # Then each folder of tests, the benchmarks and the example distribution, one run each: pytest
-      # imports a folder's files as top-level modules (conftest, *_helpers), and those names repeat
-      # across folders, which one mypy run would refuse. The cache makes the later runs cheap.
-      for dir in packages/*/tests benchmarks examples/dynres-policy-example; do
+      # Then each folder of tests, the benchmarks, the dev scripts and the example distribution, one
+      # run each: pytest imports a folder's files as top-level modules (conftest, *_helpers), and those
+      # names repeat across folders, which one mypy run would refuse. The cache makes the later runs
+      # cheap; follow_imports = "silent" (pyproject.toml) keeps them from repeating the first run's errors.
+      for dir in packages/*/tests benchmarks scripts/dev examples/dynres-policy-example; do
         echo "== mypy $dir"
         "$BIN/mypy" "$dir" || failed=1
       done

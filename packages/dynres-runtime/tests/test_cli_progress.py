@@ -29,7 +29,9 @@ def _in_terminal(args: list[str], cwd: Path) -> str:
     """Run ``dynres ARGS`` with stdout and stderr on a pseudo-terminal; return what it drew, escapes removed."""
     master, slave = pty.openpty()
     env = {**os.environ, "COLUMNS": "120", "TERM": "xterm"}
-    proc = subprocess.Popen([str(DYNRES), *args], cwd=cwd, stdin=subprocess.DEVNULL, stdout=slave, stderr=slave, env=env)
+    proc = subprocess.Popen(
+        [str(DYNRES), *args], cwd=cwd, stdin=subprocess.DEVNULL, stdout=slave, stderr=slave, env=env
+    )
     os.close(slave)
     chunks = []
     while True:

@@ -134,7 +134,7 @@ def write_plots(
     """Write one run's queue size, utilizations, step time and hybrid timeline PNGs; return paths.
 
     ``title`` names the run (``scenario[policy]``; default: the policy); ``mq_size_cap`` (samples,
-    the most that can wait after a cycle's last fit step: ``loop.driver.mq_size_cap``) is drawn
+    the most that can wait after a cycle's last fit step: ``loop.spec.mq_size_cap``) is drawn
     on the queue plot when given;
     ``hybrid_replicas`` = 0 marks a static run, whose timeline plot says it has none.
     """

@@ -2,7 +2,7 @@
 
 A run whose policy never switches (``static_fully_async``, or a policy that finds no switch worth
 it) records no sleep, wake-up, offload or onload, so nothing fitted to it knows what a switch
-costs on its engines. When :attr:`~dynres.runtime.loop.driver.RunSpec.calibration_switches` is > 0
+costs on its engines. When :attr:`~dynres.runtime.loop.spec.RunSpec.calibration_switches` is > 0
 and the run has hybrid replicas, :func:`run_switch_calibration` carries out that many switch round
 trips before the rollouter starts, in the controller's order:
 

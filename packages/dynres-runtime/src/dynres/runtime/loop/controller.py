@@ -176,34 +176,8 @@ class Controller:
         """Every transition, in order."""
         self.active: list[Replica] = []
         """Hybrid replicas that are routable now."""
-        self.quarantined: dict[str, str] = {}
-        """Replica id -> why it is never used again in this run."""
-        self.probation_backoff_s = probation_backoff_s
-        """Wait before a failed replica's first probe (seconds)."""
-        self.probation_max_s = probation_max_s
-        """Longest wait between two probes of one replica (seconds)."""
-        self.max_probes = max_probes
-        """Failed probes in a row after which a replica is quarantined (count)."""
-        self.probation: dict[str, float] = {}
-        """Replica id -> run-clock time before which it is not used again (seconds)."""
-        self.replica_events: list[ReplicaEvent] = []
-        """Every probation, return and quarantine, in order."""
-        self.last_update: WeightUpdate | None = None
-        """The latest weights published to the replicas (a replica back from probation loads them)."""
-        self._strikes: dict[str, int] = {}
-        self._probes: dict[str, asyncio.Task[None]] = {}
-        self.last_activate_duration_s = 0.0
-        """Duration of the latest activation (seconds; 0 = none yet)."""
-        self.last_deactivate_duration_s = 0.0
-        """Duration of the latest deactivation (seconds; 0 = none yet)."""
-        self.activations = 0
-        """Successful activations (count)."""
-        self.deactivations = 0
-        """Deactivations (count)."""
-        self.rebalances = 0
-        """Rebalances (count)."""
-        self.overhead_s = 0.0
-        """Run-clock time of transitions not spent waiting on backend operations (seconds)."""
+        self._init_probation(probation_backoff_s, probation_max_s, max_probes)
+        self._init_counters()
         self._standalone: list[Replica] = list(standalone)
         self.restarts = RestartBudget(
             max_restarts=max_restarts if restart is not None else 0,
@@ -220,6 +194,40 @@ class Controller:
         self._pm = pm
         self._now = now
         self._lock = asyncio.Lock()
+
+    def _init_counters(self) -> None:
+        """The transition counts and durations the cycle records read."""
+        self.last_activate_duration_s = 0.0
+        """Duration of the latest activation (seconds; 0 = none yet)."""
+        self.last_deactivate_duration_s = 0.0
+        """Duration of the latest deactivation (seconds; 0 = none yet)."""
+        self.activations = 0
+        """Successful activations (count)."""
+        self.deactivations = 0
+        """Deactivations (count)."""
+        self.rebalances = 0
+        """Rebalances (count)."""
+        self.overhead_s = 0.0
+        """Run-clock time of transitions not spent waiting on backend operations (seconds)."""
+
+    def _init_probation(self, backoff_s: float, max_s: float, max_probes: int) -> None:
+        """The failed-replica bookkeeping: probation waits, probes and quarantine."""
+        self.quarantined: dict[str, str] = {}
+        """Replica id -> why it is never used again in this run."""
+        self.probation_backoff_s = backoff_s
+        """Wait before a failed replica's first probe (seconds)."""
+        self.probation_max_s = max_s
+        """Longest wait between two probes of one replica (seconds)."""
+        self.max_probes = max_probes
+        """Failed probes in a row after which a replica is quarantined (count)."""
+        self.probation: dict[str, float] = {}
+        """Replica id -> run-clock time before which it is not used again (seconds)."""
+        self.replica_events: list[ReplicaEvent] = []
+        """Every probation, return and quarantine, in order."""
+        self._strikes: dict[str, int] = {}
+        self._probes: dict[str, asyncio.Task[None]] = {}
+        self.last_update: WeightUpdate | None = None
+        """The latest weights published to the replicas (a replica back from probation loads them)."""
 
     # ---- State ---------------------------------------------------------------------------
 

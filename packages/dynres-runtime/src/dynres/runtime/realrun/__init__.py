@@ -23,7 +23,7 @@ from typing import Any
 
 from dynres.core.errors import RunAbortedError
 from dynres.core.tracking import TrackedRun, TrackingBackend
-from dynres.runtime.loop.driver import mq_size_cap
+from dynres.runtime.loop.spec import mq_size_cap
 from dynres.runtime.realrun.builders import (
     CYCLE_MEAN_PREFIX,
     build_replica,
@@ -264,7 +264,6 @@ def _execute(
         backend["resume"] = {"checkpoint": resume.get("path"), "cycle": resume["global_steps"], "redone": dropped}
     sink = MetricsSink(out / METRICS_FILE, on_cycle, trackers, append=resume is not None)
     spec_kwargs = {"out_dir": str(out.resolve()), "resume": resume}
-    cluster_conn = None
     outcome = RunOutcome(None, out, backend)
     t0 = time.perf_counter()
 
@@ -272,29 +271,7 @@ def _execute(
         outcome.report = report
 
     try:
-        if cfg.engines.runtime == "local":
-            report = asyncio.run(_run_local(cfg, model_path, sink, backend, on_interrupt, watch, spec_kwargs))
-        else:
-            from dynres.runtime.backends.ray.cluster import RayCluster
-            from dynres.runtime.realrun.on_ray import run_on_ray
-
-            watch.phase(RAY)
-            cluster_conn = RayCluster(cfg.ray)
-            cluster_conn.connect()  # blocking by nature: done before the event loop starts
-            report = asyncio.run(
-                run_on_ray(
-                    cfg,
-                    model_path,
-                    sink,
-                    backend,
-                    watch.on_status,
-                    watch.poll_s,
-                    on_interrupt,
-                    watch.on_phase,
-                    spec_kwargs=spec_kwargs,
-                    on_engines=lambda b: write_backend(out, b),
-                )
-            )
+        report = _run_engines(cfg, out, model_path, sink, backend, on_interrupt, watch, spec_kwargs)
         outcome.report = report
         trackers.summary = run_summary(report)
     except KeyboardInterrupt as exc:
@@ -312,8 +289,6 @@ def _execute(
         backend["wall_s"] = round(time.perf_counter() - t0, 3)
         backend["interrupted"] = outcome.interrupted
         sink.close()
-        if cluster_conn is not None:
-            cluster_conn.disconnect()
         write_backend(out, backend)
     dcfg = cfg.dynres_config()
     write_report(
@@ -324,6 +299,44 @@ def _execute(
         hybrid_replicas=dcfg.num_hybrid_replicas,
     )
     return outcome
+
+
+def _run_engines(
+    cfg: RunConfig,
+    out: Path,
+    model_path: str | None,
+    sink: MetricsSink,
+    backend: dict[str, Any],
+    on_interrupt: Callable[[Any], None],
+    watch: _Watch,
+    spec_kwargs: dict[str, Any],
+) -> Any:
+    """Run the cycles on the configured runtime (in this process or on Ray) and return the report."""
+    if cfg.engines.runtime == "local":
+        return asyncio.run(_run_local(cfg, model_path, sink, backend, on_interrupt, watch, spec_kwargs))
+    from dynres.runtime.backends.ray.cluster import RayCluster
+    from dynres.runtime.realrun.on_ray import run_on_ray
+
+    watch.phase(RAY)
+    cluster_conn = RayCluster(cfg.ray)
+    cluster_conn.connect()  # blocking by nature: done before the event loop starts
+    try:
+        return asyncio.run(
+            run_on_ray(
+                cfg,
+                model_path,
+                sink,
+                backend,
+                watch.on_status,
+                watch.poll_s,
+                on_interrupt,
+                watch.on_phase,
+                spec_kwargs=spec_kwargs,
+                on_engines=lambda b: write_backend(out, b),
+            )
+        )
+    finally:
+        cluster_conn.disconnect()
 
 
 __all__ = [

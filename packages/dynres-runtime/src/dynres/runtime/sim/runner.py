@@ -100,7 +100,7 @@ class SimResult:
     @property
     def mq_size_cap(self) -> int:
         """Most samples that can wait after a cycle's last fit step, the reach of ``mq_size`` (count)."""
-        from dynres.runtime.loop.driver import mq_size_cap
+        from dynres.runtime.loop.spec import mq_size_cap
 
         return mq_size_cap(self.scenario.dynres_config())
 

@@ -139,16 +139,38 @@ def _cluster(rng: random.Random, tp: int) -> tuple[int, int]:
     return trainer, rollout
 
 
-def draw_scenario(rng: random.Random, name: str) -> tuple[dict[str, Any], Draw]:
-    """One scenario mapping (validated by the caller) and the facts it came from."""
+def _draw_hardware(rng: random.Random) -> tuple[str, float, float, str, int, float]:
+    """A model and a GPU it fits on: (model, total B, active B, GPU, GPUs per replica, bytes per weight)."""
     while True:
         model, total_b, active_b = _draw_model(rng)
         gpu = rng.choice(sorted(GPUS))
-        flops, bandwidth, memory = GPUS[gpu]
-        fit = _replica_gpus(rng, total_b, memory)
+        fit = _replica_gpus(rng, total_b, GPUS[gpu][2])
         if fit is not None:
             tp, weight_bytes = fit
-            break
+            return model, total_b, active_b, gpu, tp, weight_bytes
+
+
+def _costs(
+    total_b: float, weight_bytes: float, tp: int, trainer_gpus: int, sync_gbps: float, pcie_gbps: float
+) -> dict[str, float]:
+    """Switch and sync costs (seconds) from the bytes each moves: all weights over the sync link, one
+    replica's shard or one trainer GPU's state (16 bytes per parameter) over PCIe."""
+    shard_gb = weight_bytes * total_b / tp
+    trainer_gb = 16.0 * total_b / trainer_gpus
+    return {
+        "weight_sync_s": round(weight_bytes * total_b / sync_gbps, 3),
+        "sleep_s": round(0.5 + shard_gb / pcie_gbps, 3),
+        "wake_up_s": round(0.5 + shard_gb / pcie_gbps, 3),
+        "abort_s": 0.1,
+        "trainer_offload_s": round(trainer_gb / pcie_gbps, 3),
+        "trainer_onload_s": round(trainer_gb / pcie_gbps, 3),
+    }
+
+
+def draw_scenario(rng: random.Random, name: str) -> tuple[dict[str, Any], Draw]:
+    """One scenario mapping (validated by the caller) and the facts it came from."""
+    model, total_b, active_b, gpu, tp, weight_bytes = _draw_hardware(rng)
+    flops, bandwidth, _ = GPUS[gpu]
     trainer_gpus, rollout_gpus = _cluster(rng, tp)
     active_bytes = weight_bytes * active_b * 1e9
     efficiency = _log_uniform(rng, 0.08, 0.5)
@@ -176,8 +198,6 @@ def draw_scenario(rng: random.Random, name: str) -> tuple[dict[str, Any], Draw]:
     step_s = step_tokens * TRAIN_FLOPS_PER_PARAM * active_b * 1e9 / (trainer_gpus * flops * mfu)
     sync_gbps = _log_uniform(rng, 3, 30)
     pcie_gbps = rng.uniform(10, 25)
-    shard_gb = weight_bytes * total_b / tp
-    trainer_gb = 16.0 * total_b / trainer_gpus
     shared = rng.random() < 0.04
     scenario = {
         "name": name,
@@ -221,14 +241,7 @@ def draw_scenario(rng: random.Random, name: str) -> tuple[dict[str, Any], Draw]:
             },
             "train": {"step_s": round(step_s, 2), "reference_gpus": trainer_gpus, "token_fraction": 0.9},
         },
-        "costs": {
-            "weight_sync_s": round(weight_bytes * total_b / sync_gbps, 3),
-            "sleep_s": round(0.5 + shard_gb / pcie_gbps, 3),
-            "wake_up_s": round(0.5 + shard_gb / pcie_gbps, 3),
-            "abort_s": 0.1,
-            "trainer_offload_s": round(trainer_gb / pcie_gbps, 3),
-            "trainer_onload_s": round(trainer_gb / pcie_gbps, 3),
-        },
+        "costs": _costs(total_b, weight_bytes, tp, trainer_gpus, sync_gbps, pcie_gbps),
     }
     return scenario, Draw(model, total_b, active_b, gpu, sync_gbps, pcie_gbps, mfu, round(scale, 3))
 
