@@ -4,12 +4,19 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh --dev
 export RAY_AUTH_MODE=disabled
+secs() { echo "$(( $(date +%s) - $1 )) s"; }
+t=$(date +%s)
 bash scripts/lint.sh
+echo "== lint took $(secs "$t")"
 # A fixed hypothesis seed: CI runs the same examples every time (a red run is reproducible);
-# a plain `pytest` run locally keeps drawing new ones.
-.venv/bin/python -m pytest packages examples --hypothesis-seed=0 "$@"
+# a plain `pytest` run locally keeps drawing new ones. -n auto: one pytest-xdist worker per core.
+t=$(date +%s)
+.venv/bin/python -m pytest packages examples --hypothesis-seed=0 -n auto --durations=15 "$@"
+echo "== pytest took $(secs "$t")"
 for check in scripts/ci/*.sh; do
   [ -e "$check" ] || continue
   echo "== $check"
+  t=$(date +%s)
   bash "$check"
+  echo "== $check took $(secs "$t")"
 done

@@ -346,6 +346,7 @@ def _simulate(preset: str, policy: str, **overrides: Any) -> float:
     return simulate(preset, policy=policy, overrides=overrides).end_to_end_s
 
 
+@pytest.mark.slow
 def test_sim_big_switch_cost_predictive_beats_both_baselines() -> None:
     # 120 s per switch, near-balanced: default keeps paying switches and loses to never switching.
     ov = {"steps": 12}
@@ -401,6 +402,7 @@ def test_before_the_final_cycle_a_window_only_for_samples_that_would_not_come_an
     assert later.should_activate_after_step(mid) is True
 
 
+@pytest.mark.slow
 def test_sim_final_cycle_windows_where_fit_steps_would_wait_and_not_where_they_would_not() -> None:
     # seed-dynamic-16-16 (seed 0): without hybrids the final cycle's fit steps waited 294 s.
     # verl-7b-async-32-32 (seed 1): with them a 70 s window bought samples that came in time anyway.
@@ -510,6 +512,7 @@ def test_the_wait_target_stays_under_the_first_one_raised_by_what_cycles_miss() 
     assert p.deactivate_wait_samples(ctx.model_copy(update={"global_steps": 4})) > 60
 
 
+@pytest.mark.slow
 def test_sim_the_cap_keeps_the_model_from_overshooting_a_measured_target() -> None:
     # seed-dynamic-64-64: the model's target stays 30-40 samples above what the fit steps needed
     # (160 against 128); seeds 0-2 are 0.1-1.2% faster with the cap, seed 2 the most.
@@ -548,6 +551,7 @@ def test_a_cycle_without_a_training_measurement_still_moves_the_stock_baseline()
     assert p.stock_adjusted_idle(cycle_ctx(4, cycle_s=500.0, queue=40), p.est, 96.0) == 96.0
 
 
+@pytest.mark.slow
 def test_sim_big_switch_hybrid_cycles_that_stock_the_queue_are_not_blamed() -> None:
     # moe-bigswitch-32-32, seed 1: counted raw, one hybrid cycle (a 120 s switch, a window that
     # filled the queue) idled 0.69 per training second against 0.36 for the cycles without
@@ -579,6 +583,7 @@ def test_without_a_buffer_the_target_falls_faster_after_cycles_that_never_waited
     assert cuts == {0.0: pytest.approx(4.0), 0.5: pytest.approx(2.0)}  # 0.04 and 0.02 x 100 samples
 
 
+@pytest.mark.slow
 def test_sim_staleness_0_runs_gain_from_the_faster_cut() -> None:
     # seed-staleness0-16-16, seed 4: 18.5 k s with the buffered cut (0.02), 18.2 k s with 0.04 (faster
     # on each of seeds 0-5, by 0.1-1.7%).
@@ -592,6 +597,7 @@ def test_sim_staleness_0_runs_gain_from_the_faster_cut() -> None:
     assert times[0.04] < 0.995 * times[0.02], times
 
 
+@pytest.mark.slow
 def test_sim_second_window_not_sized_by_the_first_cycles_short_training() -> None:
     # verl-7b-async-64-64, seed 2: the forecast asked for 351 samples and a 212 s window whose fit
     # steps never waited (default stopped at 204): 1.9% slower than default.
@@ -605,6 +611,7 @@ def test_sim_second_window_not_sized_by_the_first_cycles_short_training() -> Non
     assert mine.end_to_end_s < default.end_to_end_s, (mine.end_to_end_s, default.end_to_end_s)
 
 
+@pytest.mark.slow
 def test_sim_no_long_window_after_a_first_cycle_with_short_waits() -> None:
     # verl-7b-async-16-16, seed 0: the first cycle's fit steps waited 39 s after the hybrids
     # left; a second window of 300 s for that made the run 6% slower than default.
@@ -737,6 +744,7 @@ def test_a_sync_that_drained_running_samples_raises_the_wait_target() -> None:
     assert drained.deactivate_wait_samples(ctx) - steady.deactivate_wait_samples(ctx) >= 4
 
 
+@pytest.mark.slow
 def test_sim_without_partial_rollout_counting_the_drain_saves_time() -> None:
     # seed-no-partial-16-16: counting the drain made each of seeds 0-5 2.2-3.5% faster (policy_bench).
     from dynres.runtime.sim import simulate

@@ -56,7 +56,8 @@ def test_policies_list_json_to_a_file(tmp_path) -> None:
 
 
 def test_policies_show_params_defaults_units_and_docs() -> None:
-    res = CliRunner().invoke(main, ["policies", "show", "fixed_ratio"])
+    # Wide enough that the description cell does not wrap (pytest-xdist workers set COLUMNS=80).
+    res = CliRunner(env={"COLUMNS": "200"}).invoke(main, ["policies", "show", "fixed_ratio"])
     assert res.exit_code == 0, res.output
     assert "dynres.policies.fixed_ratio:FixedRatioPolicy" in res.stdout
     assert "deactivate_ratio" in res.stdout and "0.3" in res.stdout and ">= 0.0" in res.stdout

@@ -35,6 +35,7 @@ def _row(text: str, label: str) -> list[str]:
     return [cell.strip() for cell in line.strip("|").split("|")]
 
 
+@pytest.mark.slow
 def test_the_seed_table_quotes_todays_simulation(results: dict) -> None:
     text = PAGE.read_text(encoding="utf-8")
     for label, preset in ROWS.items():

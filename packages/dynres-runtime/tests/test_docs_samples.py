@@ -126,6 +126,7 @@ def test_every_block_is_run_or_says_why_not() -> None:
     assert all(len(b.skip) > 15 for b in skipped), [(b.id, b.skip) for b in skipped]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("block", [b for b in BLOCKS if not b.skip], ids=lambda b: b.id)
 def test_block_runs(block: Block, tmp_path: Path) -> None:
     for module in block.needs:

@@ -57,6 +57,7 @@ def test_headroom_takes_each_scenarios_best_configuration(bench) -> None:
     assert room["geomean_vs_default"] == pytest.approx((0.9 * 0.8 * 1.0) ** (1 / 3))
 
 
+@pytest.mark.slow
 def test_params_reach_the_policy_in_the_simulation(bench, tmp_path, capsys) -> None:
     # deactivate_ratio 0 never finds a backlog gap, so fixed_ratio never activates; 0.9 does.
     out = tmp_path / "bench.json"

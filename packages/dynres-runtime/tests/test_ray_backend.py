@@ -133,6 +133,7 @@ def _start(standalone, hybrid, trainer):
     return cluster, system
 
 
+@pytest.mark.slow
 def test_proxies_satisfy_protocols_and_round_trip(ray_session):
     cluster, system = _start(
         Factory("dynres.runtime.backends.fake:FakeReplica", {"tokens_per_s": 2000.0, "response_tokens": 8}),
@@ -280,6 +281,7 @@ def test_cluster_config_rejects_typos_and_empty_slots():
         validate_model(RayClusterConfig, {"slot": {"CPU": 0}}, "ray")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("hybrid_target", ["dynres.runtime.backends.fake:FakeReplica", _PayloadReplica])
 def test_deactivation_takes_the_batched_path_and_keeps_partial_output(ray_session, hybrid_target):
     """A real deactivation on Ray replicas: one abort_batch reply per replica, every request

@@ -117,6 +117,7 @@ async def _run(blocking: bool):
         await cluster.shutdown()
 
 
+@pytest.mark.slow
 def test_no_actor_loop_blocks_during_deactivations(ray_session):
     report, lags = asyncio.run(_run(blocking=False))
     assert report.operations.deactivations >= 2, "the run must exercise several deactivations"
@@ -125,6 +126,7 @@ def test_no_actor_loop_blocks_during_deactivations(ray_session):
         assert_responsive(name, lag)
 
 
+@pytest.mark.slow
 def test_the_check_catches_a_blocking_ray_get(ray_session):
     report, lags = asyncio.run(_run(blocking=True))
     assert report.operations.deactivations >= 1

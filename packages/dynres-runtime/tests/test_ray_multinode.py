@@ -50,6 +50,7 @@ RUN: dict[str, Any] = {  # a run file's document
 }
 
 
+@pytest.mark.slow
 def test_losing_a_rollout_node_recreates_its_replica_on_the_spare_node_and_loses_nothing():
     head = {"num_cpus": 2, "resources": {"trainer_slot": 1}}
     workers = [{"num_cpus": 1, "resources": {"rollout_slot": 1}} for _ in range(3)]

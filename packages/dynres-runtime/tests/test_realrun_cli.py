@@ -266,6 +266,7 @@ def test_a_failing_train_step_is_one_line_and_the_report_keeps_a_checkpoint(tmp_
     assert report["checkpoint"]["queue"], "the failed batch must be in the checkpoint"
 
 
+@pytest.mark.slow
 def test_json_dash_prints_the_report_on_stdout(tmp_path):
     out = tmp_path / "out"
     result = _invoke(str(_write(tmp_path, FAKE)), "--out", str(out), "-q", "--no-plot", "--json", "-")

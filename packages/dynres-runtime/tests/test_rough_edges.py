@@ -90,6 +90,7 @@ def test_7_missing_vllm_names_the_vllm_extra_before_anything_starts(
     assert not out.exists()  # no half-made output folder
 
 
+@pytest.mark.slow
 def test_7_default_folder_is_fresh_and_git_ignored(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     for expected in ("fake-minimal", "fake-minimal-2"):
@@ -161,6 +162,7 @@ def test_4_a_short_run_is_not_printed_as_zero_hours(tmp_path: Path) -> None:
     assert "(s)" in out and f"{data['end_to_end_s']:.1f}" in out and "0.000" not in out
 
 
+@pytest.mark.slow
 def test_12_compare_policy_output_fits_80_columns_unwrapped(tmp_path: Path) -> None:
     # 200 columns: rich would not fold anything, so every line must fit 80 on its own.
     args = ("--compare-policy", "static_fully_async", "--compare-policy", "predictive", "--seeds", "2")

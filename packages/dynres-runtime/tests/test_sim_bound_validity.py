@@ -16,6 +16,7 @@ def _check(preset: str, policy: str, **overrides: object) -> None:
     assert r.end_to_end_s >= r.lower_bound_s, (preset, policy, r.end_to_end_s, r.bound.terms)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", preset_names())
 def test_short_runs_of_every_preset_stay_above_the_tight_bound(preset: str) -> None:
     # fixed_ratio switches every cycle: the runs closest to the bound's hybrid alternative.

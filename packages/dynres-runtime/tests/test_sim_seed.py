@@ -28,6 +28,7 @@ def _queue_cap(result: SimResult) -> int:
     return max_required_samples(sc.dynres_config()) - sc.step_required_samples
 
 
+@pytest.mark.slow
 def test_static_16_16_is_production_bound(seed_results: dict[str, SimResult]) -> None:
     r = seed_results["seed-static-16-16"]
     cycles = r.report.cycles
@@ -65,6 +66,7 @@ def test_seed_runs_lose_and_duplicate_nothing(seed_results: dict[str, SimResult]
         assert r.extra["sleep_aborts"] == 0
 
 
+@pytest.mark.slow
 def test_every_simulated_run_is_above_its_lower_bound(seed_results: dict[str, SimResult]) -> None:
     results = list(seed_results.values())
     # Every other preset, shortened (the bound must hold for any run, not only the long ones).

@@ -236,6 +236,7 @@ def test_a_run_cancelled_between_cycles_drains_and_keeps_its_cycles():
     assert report.checkpoint is not None
 
 
+@pytest.mark.slow
 def test_ctrl_c_during_the_calibration_of_dynres_run_writes_the_report_and_says_interrupted(tmp_path):
     data = copy.deepcopy(FAKE_RUN)
     data["engines"]["hybrid_options"] = {"latency": {"wake_up": 60.0}}  # the calibration waits here

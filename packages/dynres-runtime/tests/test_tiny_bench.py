@@ -49,6 +49,7 @@ def test_a_comparison_pairs_the_runs_of_one_round(bench) -> None:
     assert lines == ["b vs a: end-to-end +10.0% (median of 3 rounds; per round +0.0% .. +10.0%)"]
 
 
+@pytest.mark.slow
 def test_repeats_on_fake_engines(bench, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     config = str(BENCHMARKS.parent / "examples" / "fake-minimal.yaml")
     args = ["--config", config, "--policies", "static_fully_async,default", "--repeats", "2"]

@@ -77,6 +77,7 @@ def _check(case: tuple[dict[str, Any], int]) -> None:
     assert r.end_to_end_s >= r.lower_bound_s, (scenario, seed, r.end_to_end_s, r.bound.terms)
 
 
+@pytest.mark.slow
 @settings(max_examples=12, deadline=None, database=None, derandomize=True)
 @given(runs())
 def test_random_policies_never_beat_the_tight_bound(case: tuple[dict[str, Any], int]) -> None:

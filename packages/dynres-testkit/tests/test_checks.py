@@ -28,6 +28,7 @@ from dynres.testkit.checks import (
 
 # Every policy the dynres.policies entry points register, built-ins and any installed third-party
 # distribution alike, so none can be left out of the suite by hand.
+@pytest.mark.slow
 @parametrize_with_checks(all_policies())
 def test_installed_policies_pass_every_check(policy, check):
     check(policy)
@@ -124,6 +125,7 @@ def _quick(check, policy):
 MAY_ALSO_FAIL = {broken.CoinFlipPolicy: {"check_state_dict_json_round_trip"}}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cls", list(ONLY_FAILS), ids=lambda c: c.__name__)
 def test_broken_policies_fail_only_their_checks(cls):
     policy = cls({"threshold": 0.5}) if cls is broken.RequiredParamPolicy else cls
@@ -194,6 +196,7 @@ def test_yield_policy_checks_can_leave_out_end_to_end():
 # ---- check_policy ----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_check_policy_raises_one_error_listing_failures():
     # 25 examples, not 5: with 5 whether hypothesis reaches the failing context depended on what
     # ran earlier in the process (a simulation before this test was enough to miss it).
@@ -214,6 +217,7 @@ def test_end_to_end_checks_skip_for_a_class_the_runtime_refuses():
     assert "fails check_policy_api" in results[-1].message
 
 
+@pytest.mark.slow
 def test_check_policy_expected_failures_and_warn_mode():
     results = check_policy(
         broken.QueueFloorPolicy,

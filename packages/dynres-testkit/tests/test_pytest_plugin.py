@@ -13,6 +13,7 @@ pytest_plugins = ["pytester"]
 BROKEN = "dynres.testkit.broken_policies"
 
 
+@pytest.mark.slow
 def test_policy_option_runs_the_suite_without_test_files(pytester: pytest.Pytester) -> None:
     # A failing test file in the directory proves that checks-only mode collects nothing else.
     pytester.makepyfile(test_unrelated="def test_x():\n    assert False\n")
@@ -101,6 +102,7 @@ def test_plugin_import_is_cheap() -> None:
     assert out.stdout.strip() == "[]"
 
 
+@pytest.mark.slow
 def test_end_to_end_checks_show_as_skips_for_a_refused_class(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest("--dynres-policy", f"{BROKEN}:MisnamedPolicy", "-rs")
     result.assert_outcomes(failed=1, passed=13, skipped=3)

@@ -228,6 +228,7 @@ def test_a_policy_that_fails_to_import_is_skipped(monkeypatch, caplog):
     assert any("'broken' skipped" in r.getMessage() and "broken-dist" in r.getMessage() for r in caplog.records)
 
 
+@pytest.mark.slow
 def test_import_verl_survives_a_broken_dynres_policy_in_a_fresh_interpreter(tmp_path):
     # A distribution whose dynres policy raises on import, installed next to dynres-verl.
     dist = tmp_path / "broken_policy-0.1.dist-info"

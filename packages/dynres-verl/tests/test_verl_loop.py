@@ -27,6 +27,7 @@ def decisions(result) -> list[tuple[bool, int | None]]:
     return [(c.activated, c.deactivate_wait_samples) for c in result.report.cycles]
 
 
+@pytest.mark.slow
 def test_verls_default_in_the_verl_loop_decides_as_dynres_default_does():
     ours = sim.simulate(SEED_PRESET, policy="default")
     theirs = sim.simulate(SEED_PRESET, policy="default", host="verl", verl_timing=verl_host.DYNRES_TIMING)
@@ -39,6 +40,7 @@ def test_verls_default_in_the_verl_loop_decides_as_dynres_default_does():
     assert theirs.ledger is not None and not theirs.ledger.problems()
 
 
+@pytest.mark.slow
 def test_with_verls_own_timing_the_seed_preset_stays_within_one_percent():
     ours = sim.simulate(SEED_PRESET, policy="default")
     theirs = sim.simulate(SEED_PRESET, policy="default", host="verl")
@@ -47,6 +49,7 @@ def test_with_verls_own_timing_the_seed_preset_stays_within_one_percent():
     assert decisions(theirs) != decisions(ours) or theirs.end_to_end_s != ours.end_to_end_s
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", ["seed-dynamic-16-16", "verl-7b-async-64-64"])
 def test_predictive_inside_verl_reads_what_it_reads_in_the_dynres_runtime(preset):
     # Same decisions and times: every field predictive reads reaches it from verl's live state
@@ -91,6 +94,7 @@ def test_names_are_verls_and_a_dynres_name_without_prefix_is_refused_with_the_fi
         sim.simulate("seed-static-16-16", host="verl")
 
 
+@pytest.mark.slow
 def test_cli_runs_a_policy_inside_verl_and_says_so_in_the_json(tmp_path):
     from click.testing import CliRunner
 

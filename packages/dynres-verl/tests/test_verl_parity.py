@@ -29,6 +29,7 @@ PAIRS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("verl_name", "dynres_name", "examples"), PAIRS, ids=[p[0] for p in PAIRS])
 def test_every_decision_equals_verls_or_a_documented_difference(verl_name, dynres_name, examples):
     cls = resolve_policy_class(dynres_name)

@@ -11,6 +11,7 @@ import pytest
 sim = pytest.importorskip("dynres.runtime.sim", reason="the whole-run check needs dynres-runtime")
 
 
+@pytest.mark.slow
 def test_seed_preset_default_and_verl_default_take_the_same_time():
     ours = sim.simulate("seed-dynamic-16-16", policy="default")
     theirs = sim.simulate("seed-dynamic-16-16", policy="verl:default")
