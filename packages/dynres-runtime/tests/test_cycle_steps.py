@@ -5,26 +5,15 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from small_config import small_config
 
-from dynres.core import get_plugin_manager, load_config, load_policy
+from dynres.core import get_plugin_manager, load_policy
 from dynres.runtime.backends.fake import FakeCluster, fake_prompts
 from dynres.runtime.loop.driver import FullyAsyncRun, RunSpec
 
 
 def _spec(cl: FakeCluster, num_cycles: int = 2) -> RunSpec:
-    cfg = load_config(
-        {
-            "async_training": {
-                "use_dynamic_resource_scheduling": True,
-                "trigger_parameter_sync_step": 2,
-                "staleness_threshold": 0.5,
-                "concurrent_samples_per_replica": 4,
-            },
-            "actor_rollout_ref": {"actor": {"ppo_mini_batch_size": 4}, "rollout": {"n": 2}},
-            "rollout": {"nnodes": 1, "n_gpus_per_node": 2},
-            "trainer": {"nnodes": 1, "n_gpus_per_node": 2},
-        }
-    )
+    cfg = small_config()
     return RunSpec(
         config=cfg,
         policy=load_policy("default", {"deactivate_ratio": 0.5}),

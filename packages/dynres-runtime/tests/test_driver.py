@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from runtime_ledger import Ledger, RecordingSource, ledger_of, trained_ids
+from small_config import small_config
 
 from dynres.core import get_plugin_manager, load_config, load_policy
 from dynres.core.config import DynresConfig
@@ -22,20 +23,7 @@ from dynres.runtime.samples import PromptGroup
 
 
 def cfg(standalone_nodes: int = 1, **at: Any) -> DynresConfig:
-    return load_config(
-        {
-            "async_training": {
-                "use_dynamic_resource_scheduling": True,
-                "trigger_parameter_sync_step": 2,
-                "staleness_threshold": 0.5,
-                "concurrent_samples_per_replica": 4,
-                **at,
-            },
-            "actor_rollout_ref": {"actor": {"ppo_mini_batch_size": 4}, "rollout": {"n": 2}},
-            "rollout": {"nnodes": standalone_nodes, "n_gpus_per_node": 2},
-            "trainer": {"nnodes": 1, "n_gpus_per_node": 2},
-        }
-    )
+    return small_config(standalone_nodes=standalone_nodes, **at)
 
 
 def spec(cl: FakeCluster, *, config: DynresConfig | None = None, policy: Any = None, **kw: Any) -> RunSpec:

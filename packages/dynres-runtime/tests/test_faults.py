@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 from runtime_ledger import Ledger, RecordingSource, ledger_of, trained_ids
+from small_config import small_config
 
-from dynres.core import get_plugin_manager, load_config, load_policy
+from dynres.core import get_plugin_manager, load_policy
 from dynres.core.config import DynresConfig
 from dynres.core.errors import (
     BackendError,
@@ -35,18 +36,13 @@ DefaultPolicy: Any = type(load_policy("default"))
 
 
 def cfg(*, staleness: float = 0.5, trigger: int = 1, mini: int = 3, gpus: int = 2, csr: int = 2) -> DynresConfig:
-    return load_config(
-        {
-            "async_training": {
-                "use_dynamic_resource_scheduling": True,
-                "trigger_parameter_sync_step": trigger,
-                "staleness_threshold": staleness,
-                "concurrent_samples_per_replica": csr,
-            },
-            "actor_rollout_ref": {"actor": {"ppo_mini_batch_size": mini}, "rollout": {"n": 2}},
-            "rollout": {"nnodes": 1, "n_gpus_per_node": gpus},
-            "trainer": {"nnodes": 1, "n_gpus_per_node": gpus},
-        }
+    return small_config(
+        trainer_gpus=gpus,
+        rollout_gpus_per_node=gpus,
+        mini=mini,
+        trigger_parameter_sync_step=trigger,
+        staleness_threshold=staleness,
+        concurrent_samples_per_replica=csr,
     )
 
 

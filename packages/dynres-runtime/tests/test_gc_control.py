@@ -6,7 +6,9 @@ import asyncio
 import gc
 from typing import Any
 
-from dynres.core import get_plugin_manager, load_config, load_policy
+from small_config import small_config
+
+from dynres.core import get_plugin_manager, load_policy
 from dynres.runtime.backends.fake import FakeCluster, FakeReplica, FakeTrainEngine, fake_prompts
 from dynres.runtime.loop.controller import Controller
 from dynres.runtime.loop.driver import RunSpec, run_fully_async
@@ -84,19 +86,7 @@ def _in_a_generation(obj: Any) -> bool:
 
 
 def test_a_run_takes_the_gc_step_and_gives_it_back() -> None:
-    cfg = load_config(
-        {
-            "async_training": {
-                "use_dynamic_resource_scheduling": True,
-                "trigger_parameter_sync_step": 2,
-                "staleness_threshold": 0.5,
-                "concurrent_samples_per_replica": 4,
-            },
-            "actor_rollout_ref": {"actor": {"ppo_mini_batch_size": 4}, "rollout": {"n": 2}},
-            "rollout": {"nnodes": 1, "n_gpus_per_node": 2},
-            "trainer": {"nnodes": 1, "n_gpus_per_node": 2},
-        }
-    )
+    cfg = small_config()
     cl = FakeCluster(2, 2, tokens_per_s=1000, response_tokens=30, latency=0.002)
     frozen: list[int] = []
     spec = RunSpec(

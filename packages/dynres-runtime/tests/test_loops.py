@@ -8,8 +8,9 @@ import time
 from typing import Any
 
 import pytest
+from small_config import small_config
 
-from dynres.core import Policy, ScheduleContext, get_plugin_manager, hookimpl, load_config
+from dynres.core import Policy, ScheduleContext, get_plugin_manager, hookimpl
 from dynres.core.config import DynresConfig
 from dynres.runtime.backends.fake import FakeCluster, FakeReplica, fake_prompts
 from dynres.runtime.loop.driver import FullyAsyncRun, RunSpec, max_required_samples, run_fully_async
@@ -29,20 +30,15 @@ def make_cfg(
     rebalance: bool = True,
     partial: bool = True,
 ) -> DynresConfig:
-    return load_config(
-        {
-            "async_training": {
-                "use_dynamic_resource_scheduling": True,
-                "trigger_parameter_sync_step": trigger,
-                "staleness_threshold": staleness,
-                "concurrent_samples_per_replica": csr,
-                "dynamic_schedule_enable_rebalance": rebalance,
-                "partial_rollout": partial,
-            },
-            "actor_rollout_ref": {"actor": {"ppo_mini_batch_size": mini}},
-            "rollout": {"nnodes": standalone_nodes, "n_gpus_per_node": 2},
-            "trainer": {"nnodes": 1, "n_gpus_per_node": 2},
-        }
+    return small_config(
+        standalone_nodes=standalone_nodes,
+        mini=mini,
+        n=1,
+        trigger_parameter_sync_step=trigger,
+        staleness_threshold=staleness,
+        concurrent_samples_per_replica=csr,
+        dynamic_schedule_enable_rebalance=rebalance,
+        partial_rollout=partial,
     )
 
 

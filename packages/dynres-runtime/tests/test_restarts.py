@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 from runtime_ledger import RecordingSource, ledger_of
+from small_config import small_config
 
-from dynres.core import get_plugin_manager, load_config, load_policy
+from dynres.core import get_plugin_manager, load_policy
 from dynres.core.errors import BackendError, RunAbortedError
 from dynres.runtime.backends.fake import FakeCluster, FakeReplica, fake_prompts
 from dynres.runtime.loop.checkpoint import CheckpointStore
@@ -25,19 +26,7 @@ from dynres.runtime.loop.restarts import RestartBudget
 from dynres.runtime.protocols import Replica
 from dynres.runtime.sim.virtual_time import run_virtual
 
-CFG = load_config(
-    {
-        "async_training": {
-            "use_dynamic_resource_scheduling": True,
-            "trigger_parameter_sync_step": 2,
-            "staleness_threshold": 0.5,
-            "concurrent_samples_per_replica": 4,
-        },
-        "actor_rollout_ref": {"actor": {"ppo_mini_batch_size": 4}, "rollout": {"n": 2}},
-        "rollout": {"nnodes": 1, "n_gpus_per_node": 2},
-        "trainer": {"nnodes": 1, "n_gpus_per_node": 1},
-    }
-)
+CFG = small_config(trainer_gpus=1)
 
 
 def cluster(n_standalone: int = 2, n_hybrid: int = 1) -> FakeCluster:

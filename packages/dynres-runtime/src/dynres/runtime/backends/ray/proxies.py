@@ -102,6 +102,14 @@ class _ActorProxy:
         except Exception:
             pass
 
+    async def shutdown(self) -> None:
+        """Shut the engine down, then kill the actor."""
+        try:
+            if self.lost_reason is None:
+                await self._call("shutdown")
+        finally:
+            self.kill()
+
 
 @dataclass(frozen=True)
 class SpawnSpec:
@@ -238,14 +246,6 @@ class RayReplica(_ActorProxy):
         """Cost estimates the engine reported at start (cached; this call is synchronous)."""
         return self._info.costs if self._info else OperationCosts()
 
-    async def shutdown(self) -> None:
-        """Shut the engine down, then kill the actor."""
-        try:
-            if self.lost_reason is None:
-                await self._call("shutdown")
-        finally:
-            self.kill()
-
 
 class _RemoteFuture(asyncio.Future):
     """The driver's future of one remote generate call; cancelling it cancels the call."""
@@ -312,11 +312,3 @@ class RayTrainEngine(_ActorProxy):
     async def load_state(self, path: str) -> None:
         """Load the engine's state from folder ``path``, read by the actor on its own node."""
         await self._call("load_state", path)
-
-    async def shutdown(self) -> None:
-        """Shut the engine down, then kill the actor."""
-        try:
-            if self.lost_reason is None:
-                await self._call("shutdown")
-        finally:
-            self.kill()

@@ -1,0 +1,38 @@
+"""The small fully-async config the loop tests run on (a helper of the runtime's tests).
+
+Replicas of 2 GPUs, mini-batches of 4 prompts with 2 responses each, a sync every 2 fit steps and
+a staleness of 0.5: small enough that a fake run takes milliseconds, large enough that samples
+cross syncs, hybrid replicas switch and the queue holds a buffer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dynres.core import DynresConfig, load_config
+
+
+def small_config(
+    *,
+    trainer_gpus: int = 2,
+    standalone_nodes: int = 1,
+    rollout_gpus_per_node: int = 2,
+    mini: int = 4,
+    n: int = 2,
+    **async_training: Any,
+) -> DynresConfig:
+    """The config with dynamic scheduling on; ``async_training`` keys override its defaults."""
+    return load_config(
+        {
+            "async_training": {
+                "use_dynamic_resource_scheduling": True,
+                "trigger_parameter_sync_step": 2,
+                "staleness_threshold": 0.5,
+                "concurrent_samples_per_replica": 4,
+                **async_training,
+            },
+            "actor_rollout_ref": {"actor": {"ppo_mini_batch_size": mini}, "rollout": {"n": n}},
+            "rollout": {"nnodes": standalone_nodes, "n_gpus_per_node": rollout_gpus_per_node},
+            "trainer": {"nnodes": 1, "n_gpus_per_node": trainer_gpus},
+        }
+    )
