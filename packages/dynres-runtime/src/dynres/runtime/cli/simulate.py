@@ -294,6 +294,12 @@ def _check_outputs(json_dest: str | None, plot_dir: str | None) -> None:
     help="Folder for the files of the tracking backends trainer.logger names, e.g. --set "
     "'trainer.logger=[tensorboard]' (default: a fresh dynres-runs/<scenario>).",
 )
+@click.option(
+    "--explain",
+    is_flag=True,
+    help="After the tables, split each run's gap to its lower bound into causes (switch, sync, "
+    "hybrid_trainer, tail, lost_work, imbalance; docs/simulator.md); with --seeds, the first seed's run.",
+)
 @click.option("--list-presets", is_flag=True, help="List the shipped presets and exit.")
 @quiet_option()
 def command(
@@ -313,6 +319,7 @@ def command(
     host: str,
     out_dir: str | None,
     list_presets: bool,
+    explain: bool,
     quiet: bool,
 ) -> None:
     """Simulate SCENARIO (a YAML file or preset name) or --preset NAME on a virtual clock.
@@ -363,7 +370,7 @@ def command(
     )
     out = _tracking_folder(plan, out_dir, Path(source).stem)
     comparison = _simulate_with_progress(plan, quiet=quiet, json_dest=json_dest, tracking_dir=out)
-    _print_comparison(comparison, json_dest, plot_dir)
+    _print_comparison(comparison, json_dest, plot_dir, explain=explain)
     if out is not None:
         human_console(json_dest).print(f"tracked runs ({_backend_names(plan)}) in {out}")
 
@@ -388,8 +395,34 @@ def _backend_names(plan: Any) -> str:
     return ", ".join(dict.fromkeys(names))
 
 
-def _print_comparison(comparison: Any, json_dest: str | None, plot_dir: str | None) -> None:
-    """The tables and summary lines, then the JSON (``--json``) and the plots (``--plot``)."""
+def _explain_tables(comparison: Any) -> list[Any]:
+    """One table per run: its gap to the bound split into causes (sim.gap), in the summary's unit."""
+    from rich import box
+    from rich.table import Table
+
+    from dynres.runtime.sim.gap import explain_rows
+
+    results = comparison.results
+    unit, per, digits = time_unit(comparison.end_to_end_s + comparison.lower_bound_s)
+    tables = []
+    for i, r in enumerate(results, start=1):
+        gap = r.end_to_end_s - r.lower_bound_s
+        seed = f", seed {r.scenario.seed}" if comparison.over_seeds else ""
+        title = f"#{i} where the time goes{seed}: gap {_fmt(gap / per, digits)} {unit}, {_fmt(r.ratio_to_bound)}x bound"
+        table = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left", show_edge=False, padding=(0, 1, 0, 0))
+        table.add_column("cause", no_wrap=True)
+        table.add_column("what", overflow="fold")
+        table.add_column(f"{unit}", justify="right", no_wrap=True)
+        table.add_column("% gap", justify="right", no_wrap=True)
+        for name, note, seconds, share in explain_rows(r):
+            table.add_row(name, note, _fmt(seconds / per, digits), _fmt(share * 100, 1))
+        tables.append(table)
+    return tables
+
+
+def _print_comparison(comparison: Any, json_dest: str | None, plot_dir: str | None, *, explain: bool = False) -> None:
+    """The tables and summary lines, the gap causes (``--explain``), then the JSON (``--json``)
+    and the plots (``--plot``)."""
     from dynres.runtime.sim.comparison import plot_comparison
 
     out = human_console(json_dest)
@@ -399,6 +432,9 @@ def _print_comparison(comparison: Any, json_dest: str | None, plot_dir: str | No
     out.print(util)
     for line in _seed_lines(comparison) + _comparison_lines(comparison):
         out.print(line)
+    for table in _explain_tables(comparison) if explain else ():
+        out.print()
+        out.print(table)
     if json_dest:
         emit_json(json_dest, comparison.to_dict())
         if json_dest != STDOUT:

@@ -15,7 +15,7 @@ import functools
 import io
 import math
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,6 +35,7 @@ from dynres.runtime.loop.report import CycleReport, RunReport
 from dynres.runtime.protocols import ReplicaKind
 from dynres.runtime.samples import PromptGroup
 from dynres.runtime.sim.bound import BoundInputs, CycleWork, LowerBound, lower_bound, lower_bound_naive
+from dynres.runtime.sim.gap import TrainerTrace, gap_causes
 from dynres.runtime.sim.scenario import Scenario, load_scenario
 from dynres.runtime.sim.virtual_engines import (
     RESPONSE_TOKENS_KEY,
@@ -85,6 +86,8 @@ class SimResult:
     """Where each admitted sample went, by id (not in the JSON; end-to-end checks read it)."""
     host: str = "dynres"
     """Who drove the run: ``dynres`` (the dynres runtime) or ``verl`` (verl's trainer order and controller)."""
+    trace: TrainerTrace | None = None
+    """The trainer's timeline as the gap decomposition reads it (run clock; not in the JSON)."""
 
     @property
     def label(self) -> str:
@@ -150,6 +153,11 @@ class SimResult:
             "mean_mq_size": self.mean_metric(MQ_SIZE),
         }
 
+    @property
+    def gap_causes(self) -> dict[str, float]:
+        """Seconds per cause of ``end_to_end_s - lower_bound_s`` (see :mod:`dynres.runtime.sim.gap`)."""
+        return gap_causes(self)
+
     def to_dict(self) -> dict[str, Any]:
         """The ``--json`` object: headline numbers, one entry per step, the full report (NaN -> null)."""
         s = self.scenario
@@ -164,6 +172,7 @@ class SimResult:
                 **self.summary(),
                 "lower_bound_terms": dict(self.bound.terms),
                 "lower_bound_binding": self.bound.binding,
+                "gap_causes": self.gap_causes,
                 "cluster": s.cluster.model_dump(),
                 "steps": [c.to_record() for c in self.report.cycles],
                 "sim": dict(self.extra),
@@ -313,6 +322,8 @@ class _Consumption:
     """Work of each consumed sample's longest response (token equivalents)."""
     fit_steps: list[tuple[float, list[float], list[float]]] = field(default_factory=list)
     """Per fit step: its compute seconds, and the work and critical work of its samples."""
+    trace: TrainerTrace | None = None
+    """Gets each fit step's times and arrivals too (None: not traced)."""
 
     def on_batch(self, batch: Any, compute_s: float) -> None:
         """Record one fit step of ``compute_s`` seconds on ``batch`` (the trainer's hook)."""
@@ -325,6 +336,8 @@ class _Consumption:
         self.work.extend(works_of_step)
         self.critical.extend(critical_of_step)
         self.fit_steps.append((compute_s, works_of_step, critical_of_step))
+        if self.trace is not None:
+            self.trace.record_fit(batch, compute_s)
 
     def recorded(self, groups: Iterable[PromptGroup]) -> Iterator[PromptGroup]:
         """``groups`` as they are admitted, each id recorded on the way."""
@@ -439,6 +452,7 @@ def simulate(
     )
     consumption = _Consumption(sc.workload.prompt_tokens, sc.workload.decode.prefill_cost)
     cluster = _build_cluster(sc, consumption.on_batch)
+    trace = _traced(cluster, consumption)
     spec = _run_spec(sc, cfg, pol, cluster, consumption.recorded(prompt_groups(sc, oracle)), progress)
     if hosted is not None:
         spec.trainer_loop = hosted.trainer_loop(sc.steps)
@@ -455,10 +469,24 @@ def simulate(
         left=held_sample_ids(run),
         dropped=run.queue.dropped_ids,
     )
+    result = _result(sc, hosted.label if hosted is not None else pol.name, report, cluster, consumption, wall, ledger)
+    result.trace = trace.on_run_clock(run.clock.start or 0.0)
     if hosted is None:
-        return _result(sc, pol.name, report, cluster, consumption, wall, ledger)
+        return result
     report.policy = hosted.label
-    return dataclasses.replace(_result(sc, hosted.label, report, cluster, consumption, wall, ledger), host=host)
+    return dataclasses.replace(result, host=host)
+
+
+def _traced(cluster: _SimCluster, consumption: _Consumption) -> TrainerTrace:
+    """A trace of the trainer's timeline, recorded through wrappers of these instances (sim.gap)."""
+    trace = TrainerTrace()
+    consumption.trace = trace
+    trace.trace(cluster.engine, "export_weights", trace.export)
+    trace.trace(cluster.engine, "offload", trace.trainer_switch)
+    trace.trace(cluster.engine, "onload", trace.trainer_switch)
+    for r in cluster.standalone:
+        trace.trace(r, "update_weights", trace.standalone_load)
+    return trace
 
 
 class _VerlHosting:
@@ -532,6 +560,7 @@ def _result(
         "train_compute_s": cluster.engine.compute_s,
         "train_tokens": cluster.engine.tokens,
         "sleep_aborts": sum(r.sleep_aborts for r in replicas),
+        **lost_work_tokens(replicas, consumption, ledger.dropped),
     }
     return SimResult(
         scenario=sc,
@@ -543,6 +572,24 @@ def _result(
         extra=extra,
         ledger=ledger,
     )
+
+
+def lost_work_tokens(
+    replicas: Sequence[SimReplica], consumption: _Consumption, dropped: Sequence[str]
+) -> dict[str, float]:
+    """Generation work thrown away (decode-token equivalents): ``rework_tokens``, served to trained
+    samples beyond what they needed (re-prefill after aborts, restarts); ``stale_drop_work_tokens``,
+    served to samples dropped as too stale; ``lost_work_tokens``, both (sim.gap reads it)."""
+    served: dict[str, float] = {}
+    for r in replicas:
+        for request_id, work in r.work_by_request.items():
+            sample = request_id.rsplit("/", 1)[0]  # request ids are "<sample_id>/<i>" (samples.PromptGroup)
+            served[sample] = served.get(sample, 0.0) + work
+    extra = (served.get(i, 0.0) - w for i, w in zip(consumption.trained, consumption.work, strict=True))
+    # Served and needed work are summed in different orders: a difference within float rounding is none.
+    rework = sum(x for x in extra if x > 1e-6)
+    drop = sum(served.get(i, 0.0) for i in dropped)
+    return {"rework_tokens": rework, "stale_drop_work_tokens": drop, "lost_work_tokens": rework + drop}
 
 
 def bound_inputs_for(

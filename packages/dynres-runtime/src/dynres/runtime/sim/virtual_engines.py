@@ -178,6 +178,9 @@ class SimReplica:
         """Work served, prefill included (decode-token equivalents)."""
         self.decode_tokens = 0
         """Response tokens produced (tokens)."""
+        self.work_by_request: dict[str, float] = {}
+        """Work served to each request id over all its attempts here, prefill included
+        (decode-token equivalents); the gap decomposition's lost work reads it."""
         self._jobs: dict[str, _Job] = {}
         self._heap: list[tuple[float, int, _Job]] = []
         self._seq = itertools.count()
@@ -251,6 +254,7 @@ class SimReplica:
         job.active = False
         del self._jobs[job.request.request_id]
         self.finished += 1
+        self._served(job, job.finish_s - job.start_s)
         self.decode_tokens += job.target - job.prefix
         req = job.request
         reason: FinishReason = "length" if job.target >= req.max_tokens else "stop"
@@ -270,6 +274,7 @@ class SimReplica:
         job.active = False
         del self._jobs[job.request.request_id]
         self.aborted += 1
+        self._served(job, min(job.finish_s, self._service) - job.start_s)
         done = self._service - job.start_s - job.prefill_work
         generated = min(job.target - job.prefix, max(0, math.floor(done + _EPS)))
         self.decode_tokens += generated
@@ -285,6 +290,10 @@ class SimReplica:
                     weight_version=self.weight_version,
                 )
             )
+
+    def _served(self, job: _Job, work: float) -> None:
+        rid = job.request.request_id
+        self.work_by_request[rid] = self.work_by_request.get(rid, 0.0) + max(0.0, work)
 
     def _target_tokens(self, request: GenerationRequest) -> int:
         value = request.extra.get(RESPONSE_TOKENS_KEY) if request.extra else None
