@@ -22,7 +22,10 @@ covers it:
    the running requests to finish (the drain): that instant is the tail of in-flight work and
    goes to ``tail``.
 4. ``hybrid_trainer``: the trainer waits while its GPUs are lent to the hybrid replicas (the
-   controller is HYBRID_ACTIVE): the policy keeps the hybrids generating instead of training.
+   controller is HYBRID_ACTIVE) although the batch of its next fit step is complete (from that
+   batch's last ``finished_s`` to the fit step's start): the policy keeps the hybrids generating
+   (a deactivation waiting for a queue size above one batch) instead of training. Hybrid time
+   before the batch is complete is waiting for samples, and goes to 5. or 6.
 5. ``tail``: the trainer waits for the last sample of the batch it is about to train on, after
    every other sample of that batch has arrived (from the second-last ``finished_s`` of the batch
    to the last one), or in a drain (3.).
@@ -38,16 +41,25 @@ covers it:
    It is the remainder because it has no direct probe: it is what the other causes leave.
 
 **The bound's credit.** ``G = (E - F) - (LB - F)``: the timeline above splits ``E - F``; the
-credit ``C = LB - F >= 0`` is what the bound grants beyond training (the generation no schedule
-avoids: the first batch, each cycle's window; the syncs and switches the tight bound counts). It
-is taken from the causes in the order of :data:`CREDIT_ORDER`, each down to 0 at most: first the
-waiting causes (the bound's generation terms are waiting any schedule would pay: ``imbalance``,
-then ``tail`` whose critical path the bound counts, then ``hybrid_trainer`` whose generation
-``whole_run`` and ``per_cycle`` credit), then ``sync`` and ``switch`` (the tight terms count the
-least of them), and ``lost_work`` last (the bound counts only consumed work, it never credits
-work thrown away). So no cause goes negative while ``E >= LB``. Should a run ever beat its bound
-(a bug, which test_sim_bound_validity guards against), the credit left over makes ``imbalance``
-negative, so that the sum still holds and the violation shows.
+credit ``C = LB - F >= 0`` is what the bound grants beyond training: waiting for generation no
+schedule avoids (the first batch, each cycle's window, their critical paths), and the syncs and
+switches the tight terms count. It is taken from the causes a group at a time in the order of
+:data:`CREDIT_ORDER`, each cause down to 0 at most, within a group in proportion to its seconds
+(which instants of a wait were the unavoidable ones is not knowable, so each keeps the same
+share):
+
+1. ``tail`` and ``imbalance``: the trainer waiting for samples, which is what the bound's
+   generation terms are about;
+2. ``hybrid_trainer``: when the credit exceeds that waiting, the bound holds more generation
+   unavoidable than the trainer waited for, so the run generated during other trainer time;
+   the hybrids' generation while the trainer waited is what ``whole_run`` and ``per_cycle``
+   credit next;
+3. ``sync``, then ``switch``: the tight terms count every sync but only the fewest switches;
+4. ``lost_work`` last: the bound counts only consumed work and never credits work thrown away.
+
+So no cause goes negative while ``E >= LB``. Should a run ever beat its bound (a bug, which
+test_sim_bound_validity guards against), the credit left over makes ``imbalance`` negative, so
+that the sum still holds and the violation shows.
 """
 
 from __future__ import annotations
@@ -65,8 +77,15 @@ if TYPE_CHECKING:
 
 CAUSES: tuple[str, ...] = ("switch", "sync", "hybrid_trainer", "tail", "lost_work", "imbalance")
 """The causes of the gap, in the order tables print them."""
-CREDIT_ORDER: tuple[str, ...] = ("imbalance", "tail", "hybrid_trainer", "sync", "switch", "lost_work")
-"""The order in which the bound's credit is taken from the causes (module docstring)."""
+CREDIT_ORDER: tuple[tuple[str, ...], ...] = (
+    ("tail", "imbalance"),
+    ("hybrid_trainer",),
+    ("sync",),
+    ("switch",),
+    ("lost_work",),
+)
+"""The order in which the bound's credit is taken from the causes, a group at a time, in proportion
+to their seconds within a group (module docstring)."""
 SWITCH_STATES = frozenset({"ACTIVATING", "DEACTIVATING", "REBALANCING"})
 """Controller states the trainer spends switching (names of ControllerState)."""
 HYBRID_STATE = "HYBRID_ACTIVE"
@@ -194,6 +213,25 @@ def _tails(trace: TrainerTrace) -> list[Interval]:
     return out
 
 
+def _ready(trace: TrainerTrace, end: float) -> list[Interval]:
+    """Per fit step, from the last arrival of its batch (it could train from then on) to its start."""
+    return _union(((last, fit[0]) for (_, last), fit in zip(trace.last_two_arrivals, trace.fit, strict=True)), end)
+
+
+def _intersect(xs: list[Interval], ys: list[Interval]) -> list[Interval]:
+    """Instants in both of two disjoint sorted interval lists."""
+    out, i, j = [], 0, 0
+    while i < len(xs) and j < len(ys):
+        a, b = max(xs[i][0], ys[j][0]), min(xs[i][1], ys[j][1])
+        if a < b:
+            out.append((a, b))
+        if xs[i][1] < ys[j][1]:
+            i += 1
+        else:
+            j += 1
+    return out
+
+
 def timeline_seconds(result: SimResult, trace: TrainerTrace) -> dict[str, float]:
     """Seconds of ``[0, E]`` per class of the trainer's timeline (module docstring, 1.-5.); keys
     fit, switch, sync, hybrid_trainer, tail."""
@@ -204,7 +242,10 @@ def timeline_seconds(result: SimResult, trace: TrainerTrace) -> dict[str, float]
         ("switch", _union([*_state_intervals(timeline, SWITCH_STATES, end), *trace.trainer_switch], end)),
         ("sync", _union([*trace.export, *trace.standalone_load], end)),
         ("tail", _union(_drains(trace), end)),
-        ("hybrid_trainer", _union(_state_intervals(timeline, frozenset({HYBRID_STATE}), end), end)),
+        (
+            "hybrid_trainer",
+            _intersect(_union(_state_intervals(timeline, frozenset({HYBRID_STATE}), end), end), _ready(trace, end)),
+        ),
         ("tail", _union(_tails(trace), end)),
     ]
     points = sorted({0.0, end, *(t for _, ivs in classes for iv in ivs for t in iv)})
@@ -243,9 +284,11 @@ def decompose(result: SimResult, trace: TrainerTrace) -> GapCauses:
     credit = result.lower_bound_s - t["fit"]
     seconds = dict(paid)
     left = credit
-    for name in CREDIT_ORDER:
-        take = min(max(0.0, seconds[name]), left) if left > 0 else 0.0
-        seconds[name] -= take
+    for group in CREDIT_ORDER:
+        held = sum(max(0.0, seconds[name]) for name in group)
+        take = min(held, left) if left > 0 else 0.0
+        for name in group:
+            seconds[name] -= take * max(0.0, seconds[name]) / held if held > 0 else 0.0
         left -= take
     # Credit left over (E < LB), or a credit below 0 by float rounding: the remainder cause.
     seconds["imbalance"] -= left
@@ -266,7 +309,7 @@ def gap_causes(result: SimResult) -> dict[str, float]:
 CAUSE_NOTES: dict[str, str] = {
     "switch": "activations, deactivations, rebalances",
     "sync": "weight export and loading",
-    "hybrid_trainer": "trainer waits, its GPUs generating",
+    "hybrid_trainer": "batch ready, trainer GPUs still generate",
     "tail": "trainer waits for a batch's last sample",
     "lost_work": "aborted and stale-dropped work",
     "imbalance": "remaining wait: generation below the bound",
