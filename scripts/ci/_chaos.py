@@ -12,9 +12,9 @@ One tiny real run (Ray + vLLM on CPU + torch, examples/tiny-grpo-cpu.yaml), thre
 Checked from the run folder's files: each replica back within RESTART_LIMIT_S; the resumed run
 completes its cycles; ledger.jsonl has every admitted sample trained exactly once (0 lost, 0
 duplicated) over 2 segments; weight_version goes on to the last cycle; the reward of the resumed
-cycles starts where the checkpoint left it (not from a fresh model's ~0.5) and stays above the
-run's first cycles. Prints, per fault, the time to return, the ledger's counts and the reward
-before and after.
+cycles starts where the checkpoint left it (not from a fresh model's ~0.5) and, when the model
+had learned by the checkpoint, stays above the run's first cycles. Prints, per fault, the time to
+return, the ledger's counts and the reward before and after.
 """
 
 from __future__ import annotations
@@ -38,6 +38,9 @@ RESTART_LIMIT_S = 90.0
 """Longest a killed replica may take to serve again on 2 CPU cores (docs/real-runs.md says so):
 a vLLM CPU engine takes 15-30 s to build there, more while the other engines compete for the cores."""
 KEY = "cycle_mean/reward/mean"
+LEARNED = 0.1
+"""Rise of the reward by the checkpoint over the first 3 cycles above which the model has learned
+(mean reward, 0-1): below it the run fell into the toy task's absorbing state (see main)."""
 
 ROOT = Path(__file__).resolve().parents[2]
 OUT = Path(sys.argv[1])
@@ -218,7 +221,18 @@ def report_checks(ckpt: dict, steps: int) -> None:
         flush=True,
     )
     check(resumed_start > at_ckpt - 0.1, "the resumed run starts from the checkpoint's reward, not from scratch")
-    check(last > first + 0.05, "the reward keeps rising after the resume")
+    if at_ckpt > first + LEARNED:
+        check(last > first + 0.05, "the reward keeps rising after the resume")
+    else:
+        # The toy task has an absorbing state: once every response of a group earns the same reward
+        # (a constant answer scores 0.5), GRPO's advantages are 0 and training stops moving. Runs
+        # fall into it now and then, killed replicas or not (docs/real-runs.md); then there is no
+        # rise to keep, and only the continuity check above says something about the resume.
+        print(
+            f"note: the model had not learned by the checkpoint ({at_ckpt:.3f} vs {first:.3f} in the first "
+            "cycles), so 'the reward keeps rising after the resume' is not checked in this run",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":
