@@ -117,9 +117,9 @@ class TrainerTrace:
         """One fit step of ``compute_s`` seconds on ``batch`` that ends now (the trainer's hook)."""
         now = asyncio.get_running_loop().time()
         self.fit.append((now - compute_s, now))
-        arrivals = sorted(float(s.finished_s) for s in batch)
-        if arrivals:
-            self.last_two_arrivals.append((arrivals[-2] if len(arrivals) > 1 else -math.inf, arrivals[-1]))
+        # One entry per fit step (an empty batch, which the loop never trains on, adds no wait).
+        arrivals = sorted(float(s.finished_s) for s in batch) or [now - compute_s]
+        self.last_two_arrivals.append((arrivals[-2] if len(arrivals) > 1 else -math.inf, arrivals[-1]))
 
     def trace(self, obj: Any, method: str, into: list[Interval]) -> None:
         """Wrap ``obj.method`` (async) on this one instance so each call's (start, end) goes to ``into``."""
