@@ -233,3 +233,56 @@ def test_torch_trainer_export_reproduces_trainer_greedy_output(loop, replica, mo
     assert trained != hf_greedy(hf[0], PROMPT, 16)  # the update really changed greedy output
     assert list(got.token_ids) == trained
     assert got.weight_version == eng.version == 3
+
+
+def test_a_recreated_replica_serves_the_published_weights(loop, models):
+    # A replica whose process died is rebuilt from its spec (the model on disk: seed 0's weights);
+    # the controller must load the run's latest weights (seed 1's) before routing to it again.
+    from dynres.runtime.backends.fake import FakeReplica, FakeTrainEngine
+    from dynres.runtime.loop.controller import Controller
+    from dynres.runtime.loop.ops import OpRunner
+    from dynres.runtime.loop.routing import LoadBalancer
+
+    paths, hf = models
+    cfg = VllmReplicaConfig(
+        model=str(paths[0]), dtype="float32", max_model_len=256, enforce_eager=True, ignore_eos=True, seed=0
+    )
+    built: list[VllmReplica] = []
+
+    async def restart(old):
+        new = await VllmReplica.create(old.replica_id, cfg, ReplicaKind.STANDALONE)
+        built.append(new)
+        return new
+
+    async def main():
+        now = asyncio.get_running_loop().time
+        gone = FakeReplica("s0")
+        balancer = LoadBalancer(sticky_capacity=0)
+        ctl = Controller(
+            balancer=balancer,
+            train_engine=FakeTrainEngine(),
+            hybrid=[],
+            standalone=[gone],
+            ops=OpRunner(timeout_s=300.0, now=now),
+            now=now,
+            restart=restart,
+            max_restarts=1,
+            probation_backoff_s=0.01,
+        )
+        balancer.add_replica(gone)
+        published = bucketize(hf[1].state_dict().items(), bucket_bytes=64 * 1024)
+        ctl.last_update = WeightUpdate(version=5, payload=published, nbytes=published.nbytes)
+        gone.lose()
+        ctl.retire(gone, "its process was killed")
+        await ctl._restarting["s0"]
+        [new] = built
+        assert balancer.has_replica("s0") and not ctl.quarantined
+        return new, await new.generate(_req("r0", 16))
+
+    new, out = loop.run_until_complete(main())
+    try:
+        assert list(out.token_ids) == hf_greedy(hf[1], PROMPT, 16)  # the published weights, not the disk's
+        assert list(out.token_ids) != hf_greedy(hf[0], PROMPT, 16)
+        assert new.weight_version == 5 and out.weight_version == 5
+    finally:
+        loop.run_until_complete(new.shutdown())
