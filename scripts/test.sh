@@ -9,9 +9,11 @@ t=$(date +%s)
 bash scripts/lint.sh
 echo "== lint took $(secs "$t")"
 # A fixed hypothesis seed: CI runs the same examples every time (a red run is reproducible);
-# a plain `pytest` run locally keeps drawing new ones. -n auto: one pytest-xdist worker per core.
+# a plain `pytest` run locally keeps drawing new ones. -n auto: one pytest-xdist worker per core,
+# at most 4 (each real-engine test starts engines or a Ray cluster of its own: memory, not cores,
+# bounds how many run at once).
 t=$(date +%s)
-.venv/bin/python -m pytest packages examples --hypothesis-seed=0 -n auto --durations=15 "$@"
+.venv/bin/python -m pytest packages examples --hypothesis-seed=0 -n auto --maxprocesses 4 --durations=15 "$@"
 echo "== pytest took $(secs "$t")"
 for check in scripts/ci/*.sh; do
   [ -e "$check" ] || continue
