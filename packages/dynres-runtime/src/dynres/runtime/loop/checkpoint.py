@@ -194,6 +194,10 @@ RUN_STATE_FILE = "run.json"
 """File of one checkpoint holding the sample side (:func:`make_checkpoint`'s data and more)."""
 TRAINER_DIR = "trainer"
 """Folder of one checkpoint the train engine's ``save_state`` writes into."""
+CYCLE_RECORD_KEY = "cycle_record"
+"""Key of a checkpoint on disk holding its cycle's metrics record (``CycleReport.to_record``) as it
+stood at the checkpoint, before the cycle's decisions: the record is written after them, so a
+process killed in between would otherwise lose it for good (a resumed run starts after the cycle)."""
 
 
 class CheckpointStore:

@@ -25,7 +25,8 @@ One sync cycle, in order (``g`` = global_steps before the cycle):
 Between steps 3 and 4 the run may write a checkpoint (``LoopWiring.checkpoint``): the trainer
 is idle and holds the weights just published, every train step of the cycle is in the ledger,
 and the policy has not yet been asked about the cycle, so a run resumed from it asks exactly
-the questions the original run asked next.
+the questions the original run asked next. The checkpoint also holds the cycle's metrics record as
+it stands then (before its decisions), which a resumed run writes when the killed process had not.
 
 Before the first cycle an initial weight sync (the same method, without a new version) publishes
 version 0 (or a checkpoint's) and steps 4-5 run once with ``global_steps = 0``, so an
@@ -92,9 +93,10 @@ class LoopWiring:
     """Run clock (seconds since the run started)."""
     ledger: LedgerWriter | None = None
     """Gets one line per trained sample after each train step (None: no ledger file)."""
-    checkpoint: Callable[[int], Awaitable[None]] | None = None
-    """Called with global_steps after each cycle's weight sync, before the policy's decisions
-    (the run writes a checkpoint when one is due); None: never."""
+    checkpoint: Callable[[int, Callable[[], dict[str, Any]]], Awaitable[None]] | None = None
+    """Called with global_steps and the cycle's metrics record as it stands (a callable, built only
+    when wanted) after each cycle's weight sync, before the policy's decisions (the run writes a
+    checkpoint when one is due); None: never."""
 
 
 @dataclass
@@ -378,6 +380,15 @@ class TrainerLoop:
 
     def _report(self, c: _Cycle, window: tuple[list[Any], float], decided_s: float) -> CycleReport:
         """Step 6: the cycle's metrics and report; emit ``dynres_metrics_emitted``."""
+        report = self._cycle_report(c, window, decided_s)
+        try:
+            self.wiring.pm.hook.dynres_metrics_emitted(step=report.step, metrics=dict(report.metrics))
+        except Exception:
+            logger.exception("a dynres_metrics_emitted observer failed; ignored")
+        return report
+
+    def _cycle_report(self, c: _Cycle, window: tuple[list[Any], float], decided_s: float) -> CycleReport:
+        """The cycle's metrics and report as they stand at ``decided_s`` (run clock); emits nothing."""
         w = self.wiring
         last = len(c.collections) - 1
         micro = []
@@ -398,7 +409,7 @@ class TrainerLoop:
             micro, points, window_end, hybrid_gpus=self.hybrid_gpus, standalone_gpus=self.standalone_gpus
         )
         t_end = w.now()
-        report = CycleReport(
+        return CycleReport(
             step=w.tracker.global_steps,
             start_s=c.start_s,
             end_s=t_end,
@@ -426,11 +437,6 @@ class TrainerLoop:
             train_step_times=list(c.train_step_times),
             batch=batch_stats(c.trained),
         )
-        try:
-            w.pm.hook.dynres_metrics_emitted(step=report.step, metrics=dict(metrics))
-        except Exception:
-            logger.exception("a dynres_metrics_emitted observer failed; ignored")
-        return report
 
     # ---- Public steps -----------------------------------------------------------------------
 
@@ -459,7 +465,9 @@ class TrainerLoop:
         c.sync_s = w.now() - t_sync
         window = self._end_cycle(c)
         if w.checkpoint is not None:
-            await w.checkpoint(w.tracker.global_steps)
+            # The record as it stands goes into a checkpoint: a process killed before the cycle's
+            # record is written (after the decisions) gets it back on resume.
+            await w.checkpoint(w.tracker.global_steps, lambda: self._cycle_report(c, window, w.now()).to_record())
         c.activated, c.rebalanced, c.moved = await self._decide(update, c.decisions)
         return self._report(c, window, decided_s=w.now())
 

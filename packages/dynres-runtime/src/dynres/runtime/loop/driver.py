@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from dynres.core import BoundPolicy, get_plugin_manager
@@ -45,6 +46,7 @@ from dynres.core.errors import DynresError, RunAbortedError, RunStalledError, Ru
 from dynres.runtime.loop.calibration import SwitchCalibration, run_switch_calibration
 from dynres.runtime.loop.checkpoint import (
     CHECKPOINT_FORMAT,
+    CYCLE_RECORD_KEY,
     load_train_state,
     make_checkpoint,
     policy_state,
@@ -487,13 +489,18 @@ class FullyAsyncRun:
             restarts=[*self._carried["replica_restarts"], *map(dataclasses.asdict, self.controller.restarts.records)],
         )
 
-    async def _periodic_checkpoint(self, step: int) -> None:
-        """After cycle ``step``'s weight sync: write a checkpoint to disk when one is due."""
+    async def _periodic_checkpoint(self, step: int, record: Callable[[], dict[str, Any]]) -> None:
+        """After cycle ``step``'s weight sync: write a checkpoint to disk when one is due, with the
+        cycle's metrics record as it stands (``record()``; see :data:`CYCLE_RECORD_KEY`)."""
         spec = self.spec
         store = spec.checkpoints
         if store is not None and (step % spec.checkpoint_every == 0 or step >= self.tracker.total_steps):
             engine = spec.train_engine
-            await save_checkpoint(store, step, self.checkpoint, train_engine=engine, ledger=spec.ledger, ops=self.ops)
+
+            def state() -> dict[str, Any]:
+                return {**self.checkpoint(), CYCLE_RECORD_KEY: record()}
+
+            await save_checkpoint(store, step, state, train_engine=engine, ledger=spec.ledger, ops=self.ops)
 
     def _report(
         self,

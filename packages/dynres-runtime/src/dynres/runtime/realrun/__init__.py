@@ -57,7 +57,7 @@ from dynres.runtime.realrun.output import (
     write_config,
     write_report,
 )
-from dynres.runtime.realrun.resume import keep_metrics
+from dynres.runtime.realrun.resume import keep_metrics, lost_cycle_record
 from dynres.runtime.realrun.status import ENGINES, MODEL, RAY, PhaseCallback, run_status
 from dynres.runtime.tracking import TrackerSet, resolve_backends
 
@@ -263,6 +263,11 @@ def _execute(
         dropped = keep_metrics(out / METRICS_FILE, int(resume["global_steps"]))
         backend["resume"] = {"checkpoint": resume.get("path"), "cycle": resume["global_steps"], "redone": dropped}
     sink = MetricsSink(out / METRICS_FILE, on_cycle, trackers, append=resume is not None)
+    if resume is not None:
+        lost = lost_cycle_record(out / METRICS_FILE, dict(resume))
+        if lost is not None:
+            sink.write_record(lost)
+        backend["resume"]["recovered_record"] = lost is not None
     spec_kwargs = {"out_dir": str(out.resolve()), "resume": resume}
     outcome = RunOutcome(None, out, backend)
     t0 = time.perf_counter()

@@ -102,13 +102,18 @@ class MetricsSink:
     def __call__(self, cycle: Any) -> None:
         """Write ``cycle``'s record, flushed, and pass it on."""
         rec = cycle.to_record()
+        self.write_record(rec)
+        if self._on_cycle is not None:
+            self._on_cycle(cycle, rec)
+
+    def write_record(self, rec: dict[str, Any]) -> None:
+        """Write one record, flushed, and log it to the trackers (a resumed run's recovered record
+        goes only here: the display shows the cycles this process runs)."""
         self._fh.write(json.dumps(rec) + "\n")
         self._fh.flush()  # an interrupted run keeps every finished cycle
         self.count += 1
         if self._tracking is not None:
             self._tracking.log_record(rec)
-        if self._on_cycle is not None:
-            self._on_cycle(cycle, rec)
 
     def close(self) -> None:
         """Close the file (every record written so far stays)."""

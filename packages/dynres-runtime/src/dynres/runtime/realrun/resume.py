@@ -2,7 +2,8 @@
 
 :func:`resume_point` picks DIR's latest checkpoint and checks, before anything starts, that the run
 file can go on from it (same policy, cycles left to run). The resumed run writes into DIR: its
-cycles are appended to ``metrics.jsonl`` after the records the checkpoint covers, its trained
+cycles are appended to ``metrics.jsonl`` after the records the checkpoint covers (and the
+checkpoint's own cycle's record when the killed process had not written it: :func:`lost_cycle_record`), its trained
 samples to ``ledger.jsonl`` after the lines the checkpoint counted (the lines and records written
 after the checkpoint belong to work that died with the process; those samples are trained again).
 
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from dynres.core.errors import ConfigError
-from dynres.runtime.loop.checkpoint import CHECKPOINTS_DIR, CheckpointStore
+from dynres.runtime.loop.checkpoint import CHECKPOINTS_DIR, CYCLE_RECORD_KEY, CheckpointStore
 from dynres.runtime.loop.ledger import LEDGER_FILE, SampleLedger, checkpoint_sample_ids, read_ledger
 from dynres.runtime.realrun.config import RunConfig, load_run_policy
 
@@ -61,6 +62,25 @@ def keep_metrics(path: Path, steps: int) -> int:
             continue  # a partial last record of a killed process
     path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
     return len(lines) - len(kept)
+
+
+def lost_cycle_record(path: Path, ckpt: dict[str, Any]) -> dict[str, Any] | None:
+    """The metrics record of the checkpoint's own cycle when ``path`` (kept up to that cycle) lacks
+    it: the process was killed after the checkpoint but before it wrote the record. The checkpoint's
+    copy (:data:`~dynres.runtime.loop.checkpoint.CYCLE_RECORD_KEY`) stood before the cycle's decisions,
+    which the resumed run asks again at its start. None when the file has it or the checkpoint has none."""
+    record = ckpt.get(CYCLE_RECORD_KEY)
+    if not isinstance(record, dict):
+        return None
+    step = int(ckpt["global_steps"])
+    if path.exists():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                if int(json.loads(line)["step"]) == step:
+                    return None
+            except (ValueError, KeyError, TypeError):
+                continue
+    return record
 
 
 @dataclass(frozen=True)
