@@ -220,7 +220,12 @@ def report_checks(ckpt: dict, steps: int) -> None:
         f"first 2 resumed cycles {resumed_start:.3f}; all {len(resumed_all)} resumed cycles {last:.3f}",
         flush=True,
     )
-    check(resumed_start > at_ckpt - 0.1, "the resumed run starts from the checkpoint's reward, not from scratch")
+    # Nearer the checkpoint's reward than the run's first cycles' (a fresh model's): single cycles of
+    # the toy task swing by 0.1 and more (0.98 at a checkpoint, 0.85 in the first resumed cycles).
+    check(
+        resumed_start > (first + at_ckpt) / 2,
+        "the resumed run starts from the checkpoint's reward, not from scratch",
+    )
     if at_ckpt > first + LEARNED:
         check(last > first + 0.05, "the reward keeps rising after the resume")
     else:
