@@ -91,6 +91,6 @@ def test_a_kill_between_the_checkpoint_and_its_cycle_record_loses_no_record(tmp_
     assert [r["step"] for r in after] == list(range(1, 9))
     # The recovered record is the cycle's own as it stood at the checkpoint, before its decisions.
     lost, back = records[5], after[5]
-    for key in ("weight_version", "samples_consumed", "samples_generated", "batch/response_tokens_mean", "start_s"):
+    for key in ("weight_version", "samples_consumed", "cycle_mean/samples", "batch/response_tokens_mean", "start_s"):
         assert back[key] == lost[key], key
     assert json.loads((out / "backend.json").read_text())["resume"]["recovered_record"] is True

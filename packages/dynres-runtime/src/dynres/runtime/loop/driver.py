@@ -498,7 +498,8 @@ class FullyAsyncRun:
             engine = spec.train_engine
 
             def state() -> dict[str, Any]:
-                return {**self.checkpoint(), CYCLE_RECORD_KEY: record()}
+                extra = dict(spec.record_metrics()) if spec.record_metrics is not None else {}
+                return {**self.checkpoint(), CYCLE_RECORD_KEY: {**record(), **extra}}
 
             await save_checkpoint(store, step, state, train_engine=engine, ledger=spec.ledger, ops=self.ops)
 

@@ -55,6 +55,10 @@ class RunSpec:
     """Sync cycles to run (count, >= 1)."""
     progress: Callable[[CycleReport], Any] | None = None
     """Called (or awaited, if it returns an awaitable) after each cycle with its report."""
+    record_metrics: Callable[[], Mapping[str, float]] | None = None
+    """Metrics of the cycle in progress that ``progress`` adds to a cycle's record (read, not
+    consumed: e.g. the means of the train steps' metrics), added to the record a checkpoint holds
+    too; None: none."""
     plugin_manager: pluggy.PluginManager | None = None
     """Plugin manager for hooks; None: a fresh one with the installed ``dynres.plugins``."""
     op_timeout_s: float = 600.0

@@ -142,14 +142,20 @@ class TrainTap:
         """Load the inner engine's state from folder ``path``."""
         await self._inner.load_state(path)
 
-    def take_means(self) -> dict[str, float]:
-        """Mean of each metric over the steps since the last call (then forget them)."""
-        steps, self._pending = self._pending, []
+    def peek_means(self) -> dict[str, float]:
+        """Mean of each metric over the steps since the last :meth:`take_means` (kept)."""
+        steps = self._pending
         keys = {k for m in steps for k in m}
         return {
             f"{CYCLE_MEAN_PREFIX}{k}": sum(m[k] for m in steps if k in m) / sum(1 for m in steps if k in m)
             for k in sorted(keys)
         }
+
+    def take_means(self) -> dict[str, float]:
+        """Mean of each metric over the steps since the last call (then forget them)."""
+        means = self.peek_means()
+        self._pending = []
+        return means
 
 
 def build_spec(
@@ -201,6 +207,7 @@ def build_spec(
         prompts=prompt_groups(cfg, start=int(resume["prompts"]["position"]) if resume else 0),
         num_cycles=cfg.run.steps - done,
         progress=on_cycle,
+        record_metrics=tap.peek_means,
         op_timeout_s=cfg.run.op_timeout_s,
         policy_timeout_s=cfg.run.policy_timeout_s,
         sleep_level=cfg.run.sleep_level,
