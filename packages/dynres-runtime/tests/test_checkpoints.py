@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from small_config import small_config
+from small_config import small_config, small_run
 
 from dynres.core import get_plugin_manager, load_policy
 from dynres.core.errors import BackendError, ConfigError
@@ -45,22 +45,15 @@ def segment(out: Path, *, steps: int, resume: dict[str, Any] | None = None, ever
     prompts = fake_prompts(n=2)
     for _ in range(start):  # the prompt source restarted where the checkpoint says
         next(prompts)
-    run = FullyAsyncRun(
-        RunSpec(
-            config=CFG,
-            policy=load_policy("default", {"deactivate_ratio": 1.0}),
-            standalone=cl.standalone,
-            hybrid=cl.hybrid,
-            train_engine=cl.engine,
-            prompts=prompts,
-            num_cycles=steps - done,
-            plugin_manager=get_plugin_manager(load_plugins=False),
-            calibration_switches=0,
-            checkpoints=CheckpointStore(out / CHECKPOINTS_DIR),
-            checkpoint_every=every,
-            ledger=ledger,
-            resume_from=resume,
-        )
+    run = small_run(
+        cl,
+        prompts,
+        config=CFG,
+        num_cycles=steps - done,
+        checkpoints=CheckpointStore(out / CHECKPOINTS_DIR),
+        checkpoint_every=every,
+        ledger=ledger,
+        resume_from=resume,
     )
     try:
         return run_virtual(run.run()), run

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from runtime_ledger import RecordingSource, ledger_of
-from small_config import small_config
+from small_config import small_config, small_run
 
 from dynres.core import get_plugin_manager, load_policy
 from dynres.core.errors import BackendError, RunAbortedError
@@ -45,19 +45,7 @@ def build(cl: FakeCluster, source: Any, **kw: Any) -> FullyAsyncRun:
     """A run of the fakes with restarts through the cluster (1 s backoff unless ``kw`` says)."""
     kw.setdefault("num_cycles", 8)
     kw.setdefault("restart_replica", cl.restart)
-    return FullyAsyncRun(
-        RunSpec(
-            config=CFG,
-            policy=load_policy("default", {"deactivate_ratio": 1.0}),
-            standalone=cl.standalone,
-            hybrid=cl.hybrid,
-            train_engine=cl.engine,
-            prompts=source,
-            plugin_manager=get_plugin_manager(load_plugins=False),
-            calibration_switches=0,
-            **kw,
-        )
-    )
+    return small_run(cl, source, config=CFG, **kw)
 
 
 def run_with_death(cl: FakeCluster, *, at_s: float, replica: str, how: str = "lose", **kw: Any) -> Any:
