@@ -63,11 +63,13 @@ class PredictivePolicy(Policy):
 
     **Estimates**: running averages (``ema_weight``) relative to a cycle's training time, so that
     they hold while responses grow. ``X`` is at least the idle measured without hybrids (the model
-    misses the pipeline's restart after a sync), counted at equal stock (a cycle that fills the
-    queue did part of the next one's work). ``rho`` starts at the replica-count ratio and is then
-    measured: token rates bound what hybrids add, idle with and without them what they realise.
-    Engines that count no tokens (inside verl, where both token fields read 0) leave only the idle
-    comparison, so ``rho`` stays the prior until cycles without hybrids have run.
+    misses the pipeline's restart after a sync), and that idle alone once ``static_reference_cycles``
+    such cycles ran; ``a + d`` before any switch was measured is ``switch_cost_fallback_s`` plus a
+    weight sync. Idle is counted at equal stock (a cycle that fills the queue did part of the next
+    one's work). ``rho`` starts at the replica-count ratio and is then measured: token rates bound
+    what hybrids add, idle with and without them what they realise. Engines that count no tokens
+    (inside verl, where both token fields read 0) leave only the idle comparison, so ``rho`` stays
+    the prior until cycles without hybrids have run.
     ``wait_bias`` rises by ``wait_increase`` x the most samples a fit step still waited for (a sync
     that drained running samples counts) and falls by ``wait_decrease`` after a cycle that never
     waited.
@@ -92,7 +94,10 @@ class PredictivePolicy(Policy):
             description="Activate only if the forecast net saving exceeds this fraction of the switch cost (fraction).",
         )
         switch_cost_fallback_s: float = Field(
-            10.0, ge=0.0, description="Activation + deactivation cost assumed before any was measured (seconds)."
+            10.0,
+            ge=0.0,
+            description="Activation + deactivation cost assumed before any was measured, on top of the "
+            "weight sync an activation includes (seconds).",
         )
         wait_margin: float = Field(
             0.0,
@@ -199,12 +204,12 @@ class PredictivePolicy(Policy):
             "hybrids look useless (count).",
         )
         min_hybrid_gain: float = Field(
-            0.15,
+            0.3,
             ge=0.0,
             description="Count the hybrid replicas as adding nothing when their measured token rate is below "
             "this fraction of the standalone replicas' (token_gain): the model's saving rho / (1 + rho) of the "
             "idle leaves out what slow hybrids cost besides the switch (work they hold, resumed elsewhere), "
-            "so a few percent is no saving (ratio).",
+            "so a small measured gain is no saving (ratio).",
         )
         rebalance: bool = Field(True, description="Move in-flight work onto freshly activated replicas.")
 
@@ -321,9 +326,10 @@ class PredictivePolicy(Policy):
     # ---- Forecast -------------------------------------------------------------------------
 
     def switch_cost(self, est: Estimates) -> float:
-        """Measured activation + deactivation seconds, or the fallback before any was measured."""
+        """Measured activation + deactivation seconds; before any was measured, the fallback plus a
+        weight sync (an activation loads the weights the trainer just published into the hybrids)."""
         if est.activate_s <= 0 and est.deactivate_s <= 0:
-            return self.params.switch_cost_fallback_s
+            return self.params.switch_cost_fallback_s + est.sync_s
         return est.activate_s + est.deactivate_s
 
     def measured_gain(self, est: Estimates) -> float:
@@ -408,7 +414,12 @@ class PredictivePolicy(Policy):
         t = est.train_s / n
         g = standalone_rate(ctx, est)
         static_idle = max(0.0, *(((i + 1) * k - q) / g - i * t for i in range(n)))
-        if est.static_idle_share > 0:
+        if self._static_reference(est):
+            # Measured beats modelled: the model also errs the other way (with staleness 0 it
+            # counts a cycle's samples as made after the sync, which the standalone replicas
+            # partly make during it), and a reference is what the back-off judges hybrids by.
+            static_idle = est.static_idle_share * est.train_s
+        elif est.static_idle_share > 0:
             # The constant-rate model misses the pipeline's restart after each sync (all of it
             # without partial rollout): cycles without hybrids that idled longer are the better guide.
             static_idle = max(static_idle, est.static_idle_share * est.train_s)
