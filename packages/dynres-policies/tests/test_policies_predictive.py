@@ -332,6 +332,18 @@ def test_state_round_trip_through_json_gives_identical_decisions() -> None:
     assert restored.deactivate_wait_samples(nxt) == p.deactivate_wait_samples(nxt)
 
 
+def test_a_denormal_generation_rate_is_no_measurement_and_the_state_stays_storable() -> None:
+    # Hypothesis found it: a first cycle producing 1e-308 samples per second was learned as the
+    # standalone production, and the next cycle, which took a sample from the queue, added the
+    # infinite time to produce it to its idle; the checkpoint then held an inf.
+    p = PredictivePolicy()
+    first = cycle_ctx(1, cycle_s=1.0, train_s=4.0, generated=1e-308, queue=2)
+    second = cycle_ctx(2, cycle_s=1.0, train_s=4.0, generated=0.0, queue=0)
+    run(p, [first, second])
+    assert p.est.standalone_share == 0.0
+    json.dumps(p.state_dict(), allow_nan=False)  # raises on a non-finite number
+
+
 @pytest.mark.parametrize(
     ("change", "match"),
     [

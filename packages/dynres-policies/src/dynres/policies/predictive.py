@@ -19,6 +19,7 @@ from pydantic import ConfigDict, Field, model_validator
 
 from dynres.core import Policy, ScheduleContext
 from dynres.policies.predictive_estimates import (
+    MIN_SHARE,
     Estimates,
     Forecast,
     ema,
@@ -530,7 +531,7 @@ class PredictivePolicy(Policy):
         w = self.params.ema_weight
         generated = ctx.generation_rate * ctx.last_cycle_time_s
         share = generated / ctx.last_cycle_time_s * train_s / ctx.step_required_samples
-        if est.static_cycles == 0 and share > 0:
+        if est.static_cycles == 0 and share >= MIN_SHARE:
             # The first direct measurement replaces what was inferred through the prior.
             out = replace(est, standalone_share=share)
         else:

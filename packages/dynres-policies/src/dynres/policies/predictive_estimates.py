@@ -149,11 +149,17 @@ def ema(old: float, new: float, weight: float) -> float:
     return new if old <= 0 else (1.0 - weight) * old + weight * new
 
 
+MIN_SHARE = 1e-9
+"""Standalone productions below this are no measurement (a cycle's samples per training time):
+the policy divides by the rate they give, and one from a rate of a few denormal samples per
+second makes the adjusted idle infinite, which a checkpoint cannot store."""
+
+
 def learn_share(
     est: Estimates, share: float, throttled: bool, weight: float, *, replace_old: bool = False
 ) -> Estimates:
     """``est`` with ``share`` learned as the standalone production (``replace_old``: instead of averaged)."""
     # A throttled cycle's production is only a floor on what the replicas can do.
-    if share <= 0 or (throttled and share <= est.standalone_share):
+    if share < MIN_SHARE or (throttled and share <= est.standalone_share):
         return est
     return replace(est, standalone_share=share if replace_old else ema(est.standalone_share, share, weight))
