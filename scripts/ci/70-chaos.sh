@@ -15,7 +15,7 @@ OUT=$(mktemp -d /tmp/dynres-chaos-XXXXXX)
 trap 'rm -rf "$OUT"' EXIT
 start=$(date +%s)
 status=0
-timeout 900 .venv/bin/python scripts/ci/_chaos.py "$OUT" || status=$?
+timeout 1200 .venv/bin/python scripts/ci/_chaos.py "$OUT" || status=$?
 echo "chaos wall time: $(( $(date +%s) - start )) s"
 if [ "$status" -ne 0 ]; then
   echo "== last lines of the runs' logs"

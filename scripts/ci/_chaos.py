@@ -9,12 +9,12 @@ One tiny real run (Ray + vLLM on CPU + torch, examples/tiny-grpo-cpu.yaml), thre
    first segment asks for more cycles than it gets), then `dynres run --resume` for RESUMED more
    cycles after the checkpoint.
 
-Checked from the run folder's files: each replica back within RESTART_LIMIT_S; the resumed run
-completes its cycles; ledger.jsonl has every admitted sample trained exactly once (0 lost, 0
-duplicated) over 2 segments; weight_version goes on to the last cycle; the reward of the resumed
-cycles starts where the checkpoint left it (not from a fresh model's ~0.5) and, when the model
-had learned by the checkpoint, stays above the run's first cycles. Prints, per fault, the time to
-return, the ledger's counts and the reward before and after.
+Checked from the run folder's files: each replica back within restart_limit_s() of the run's first
+engine start; the resumed run completes its cycles; ledger.jsonl has every admitted sample trained
+exactly once (0 lost, 0 duplicated) over 2 segments; weight_version goes on to the last cycle; the
+reward of the resumed cycles starts where the checkpoint left it (not from a fresh model's ~0.5)
+and, when the model had learned by the checkpoint, stays above the run's first cycles. Prints, per
+fault, the time to return, the ledger's counts and the reward before and after.
 """
 
 from __future__ import annotations
@@ -35,8 +35,13 @@ FIRST_STEPS = 200
 RESUMED = 6
 """Cycles the resumed segment runs after the checkpoint."""
 RESTART_LIMIT_S = 90.0
-"""Longest a killed replica may take to serve again on 2 CPU cores (docs/real-runs.md says so):
-a vLLM CPU engine takes 15-30 s to build there, more while the other engines compete for the cores."""
+"""Longest a killed replica may take to serve again on 2 CPU cores where the run's engines start in
+up to RESTART_LIMIT_S / RESTART_PER_START s (docs/real-runs.md says so): a vLLM CPU engine takes 15-30 s
+to build there, more while the other engines compete for the cores."""
+RESTART_PER_START = 2.0
+"""On a slower machine the limit is this many times the run's own first engine start
+(backend.json engines_start_s): a restart builds one engine while the run keeps the cores busy, so it
+takes about as long as the first start of all of them (CI at load: 174 s from launch to engines up, 194 s back)."""
 KEY = "cycle_mean/reward/mean"
 LEARNED = 0.1
 """Rise of the reward by the checkpoint over the first 3 cycles above which the model has learned
@@ -120,7 +125,10 @@ def main() -> None:
             [*COMMAND, "--steps", str(FIRST_STEPS), *SETS], stdout=log, stderr=log, start_new_session=True
         )
     pids = wait(lambda: read_json(RUN / "backend.json").get("pids"), "engine pids", proc)
-    print(f"engines up after {time.monotonic() - t0:.0f} s: {pids}", flush=True)
+    engines_start_s = float(read_json(RUN / "backend.json").get("engines_start_s") or 0.0)
+    print(
+        f"engines up after {time.monotonic() - t0:.0f} s (engines_start_s {engines_start_s:.0f} s): {pids}", flush=True
+    )
     wait(lambda: len(records()) >= 2, "cycle 2", proc)
     os.kill(pids["standalone-1"], signal.SIGKILL)
     print(f"SIGKILL standalone-1 (pid {pids['standalone-1']}) after cycle {len(records())}", flush=True)
@@ -165,7 +173,7 @@ def main() -> None:
     check(resumed.returncode == 0, f"the resumed run completed (status {resumed.returncode}; log {OUT}/run2.log)")
     if resumed.returncode != 0:
         return
-    report_checks(ckpt, steps)
+    report_checks(ckpt, steps, engines_start_s)
 
 
 def ledger_at(ckpt: dict) -> SampleLedger:
@@ -179,18 +187,26 @@ def ledger_at(ckpt: dict) -> SampleLedger:
     )
 
 
-def report_checks(ckpt: dict, steps: int) -> None:
+def restart_limit_s(engines_start_s: float) -> float:
+    """Seconds a killed replica may take to serve again in a run whose engines first started in
+    ``engines_start_s`` seconds (see RESTART_PER_START)."""
+    return max(RESTART_LIMIT_S, RESTART_PER_START * engines_start_s)
+
+
+def report_checks(ckpt: dict, steps: int, engines_start_s: float) -> None:
     recs = records()
+    limit = restart_limit_s(engines_start_s)
     report = json.loads((RUN / "report.json").read_text())
     audit = audit_run_folder(RUN)
     restarts = {r["replica"]: r for r in ckpt["replica_restarts"]}
     for rid in ("standalone-1", "hybrid-0"):
         r = restarts.get(rid)
-        ok = r is not None and r["seconds_to_return"] is not None and r["seconds_to_return"] <= RESTART_LIMIT_S
+        ok = r is not None and r["seconds_to_return"] is not None and r["seconds_to_return"] <= limit
         check(
             ok,
             f"{rid} killed in cycle {r and r['cycle']}, back in {r and r['seconds_to_return']:.1f} s "
-            f"(limit {RESTART_LIMIT_S:.0f} s)",
+            f"(limit {limit:.0f} s: the larger of {RESTART_LIMIT_S:.0f} s and "
+            f"{RESTART_PER_START:g} x the engines' first start)",
         )
     check(not report["quarantined"], f"no replica quarantined ({report['quarantined']})")
     check([r["step"] for r in recs] == list(range(1, steps + 1)), f"metrics.jsonl has cycles 1..{steps} once each")
