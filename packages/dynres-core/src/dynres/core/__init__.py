@@ -13,16 +13,20 @@ from dynres.core.loading import (
 )
 from dynres.core.plugins import PLUGINS_GROUP, BoundPolicy, get_plugin_manager, register_plugin
 from dynres.core.policy import POLICY_METHODS, Policy
+from dynres.core.requests import REQUEST_METHODS, ReplicaLoad, RequestContext
 
 __all__ = [
     "PLUGINS_GROUP",
     "POLICIES_GROUP",
     "POLICY_METHODS",
+    "REQUEST_METHODS",
     "AsyncTrainingConfig",
     "BoundPolicy",
     "DynresConfig",
     "DynresError",
     "Policy",
+    "ReplicaLoad",
+    "RequestContext",
     "ScheduleContext",
     "clear_policy_cache",
     "get_plugin_manager",

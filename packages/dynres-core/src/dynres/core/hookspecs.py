@@ -23,6 +23,14 @@ runtime acts on it: against the table of valid answers, :data:`dynres.core.answe
 (type and range, numpy scalars normalised), then through the safety clamps and fallbacks of
 the policy guard, :mod:`dynres.core.guard` (the runtime's decision guard and dynres-verl's use it).
 
+**Request decision hooks** (``firstresult``): ``dynres_predict_length`` and
+``dynres_route_request`` mirror the policy's per-request methods ``predict_length`` and ``route``
+(:mod:`dynres.core.requests`). The load balancer asks them for each request that has no valid
+sticky replica, inline on the event loop, and only when the policy writes one of the methods or a
+plugin implements one of the hooks; otherwise routing is the built-in least-in-flight rule and no
+hook is called. As with the decision hooks, the policy's method is the ``trylast``
+implementation, so a plugin returning non-``None`` overrides it.
+
 **Observer hooks** (all implementations are called, results ignored): a decision was made, the
 controller changed state, metrics were emitted. Use them for exporters and logging.
 
@@ -48,6 +56,7 @@ import pluggy
 if TYPE_CHECKING:
     from dynres.core.context import ScheduleContext
     from dynres.core.policy import Policy
+    from dynres.core.requests import RequestContext
     from dynres.core.tracking import TrackingBackend
 
 PROJECT_NAME = "dynres"
@@ -127,6 +136,39 @@ def dynres_update_after_step(ctx: ScheduleContext) -> None:
     return ``None``.
 
     :param ctx: the current :class:`~dynres.core.context.ScheduleContext`.
+    """
+
+
+# ---- Request decision hooks ----------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def dynres_predict_length(request: RequestContext) -> float | None:
+    """Predict how many tokens the response of a request being routed will have in all.
+
+    Asked before :func:`dynres_route_request`, whose context carries the answer as
+    ``predicted_tokens``. The context has what the runtime knows: the prompt's length, the tokens
+    earlier attempts generated, and the lengths of the sample's finished sibling responses.
+    Must be fast (microseconds) and do no I/O: it runs on the event loop for every such routing.
+
+    :param request: the :class:`~dynres.core.requests.RequestContext` of the request.
+    :return: a finite number of tokens ``>= 0``, or ``None`` for no prediction (or to defer to
+        the next implementation). Anything else is a fallback to ``None``, warned once and counted.
+    """
+
+
+@hookspec(firstresult=True)
+def dynres_route_request(request: RequestContext) -> str | None:
+    """Choose the replica a request without a valid sticky replica goes to.
+
+    For example short responses to hybrid replicas, which the next deactivation aborts, and long
+    ones to standalone replicas. Must be fast and do no I/O (see :func:`dynres_predict_length`).
+
+    :param request: the :class:`~dynres.core.requests.RequestContext`, with ``replicas`` (each
+        routable replica's id, kind and requests in flight) and ``predicted_tokens``.
+    :return: one of ``request.replicas``' ids, or ``None`` for the built-in rule (least in
+        flight, seeded tie-break) or to defer. Anything else is a fallback to ``None``, warned
+        once and counted.
     """
 
 
@@ -213,6 +255,9 @@ DECISION_HOOKS: tuple[str, ...] = (
     "dynres_update_after_step",
 )
 """Names of the decision hooks, in the order the controller calls them in a cycle."""
+
+REQUEST_HOOKS: tuple[str, ...] = ("dynres_predict_length", "dynres_route_request")
+"""Names of the per-request decision hooks, in the order the load balancer calls them."""
 
 OBSERVER_HOOKS: tuple[str, ...] = (
     "dynres_decision_made",

@@ -12,8 +12,9 @@ import pluggy
 from dynres.core import hookspecs
 from dynres.core.context import ScheduleContext
 from dynres.core.errors import PluginError, did_you_mean
-from dynres.core.hookspecs import PROJECT_NAME, hookimpl
+from dynres.core.hookspecs import PROJECT_NAME, REQUEST_HOOKS, hookimpl
 from dynres.core.policy import Policy, validate_policy_class
+from dynres.core.requests import REQUEST_METHODS, RequestContext
 
 PLUGINS_GROUP = "dynres.plugins"
 """Entry-point group of cross-cutting plugins (exporters, decision wrappers, observers)."""
@@ -96,7 +97,13 @@ def register_plugin(pm: pluggy.PluginManager, plugin: object, *, name: str | Non
 
 
 def _validation_hint(pm: pluggy.PluginManager, plugin: object) -> str:
-    known = hookspecs.DECISION_HOOKS + hookspecs.OBSERVER_HOOKS + hookspecs.RESOLUTION_HOOKS + hookspecs.TRACKING_HOOKS
+    known = (
+        hookspecs.DECISION_HOOKS
+        + hookspecs.REQUEST_HOOKS
+        + hookspecs.OBSERVER_HOOKS
+        + hookspecs.RESOLUTION_HOOKS
+        + hookspecs.TRACKING_HOOKS
+    )
     for attr in dir(plugin):
         opts = pm.parse_hookimpl_opts(plugin, attr)
         if opts is None:
@@ -143,6 +150,14 @@ class _PolicyHookImpls:
     @hookimpl(trylast=True)
     def dynres_update_after_step(self, ctx: ScheduleContext) -> Any:
         return self.policy.update_after_step(ctx)
+
+    @hookimpl(trylast=True)
+    def dynres_predict_length(self, request: RequestContext) -> Any:
+        return self.policy.predict_length(request)
+
+    @hookimpl(trylast=True)
+    def dynres_route_request(self, request: RequestContext) -> Any:
+        return self.policy.route(request)
 
 
 class BoundPolicy:
@@ -195,6 +210,28 @@ class BoundPolicy:
         results = self.pm.hook.dynres_update_after_step(ctx=ctx)
         # Only a misbehaving implementation returns something; surface it so the caller can report it.
         return next((r for r in results if r is not None), None)
+
+    @property
+    def decides_requests(self) -> bool:
+        """True when the policy writes ``predict_length`` or ``route``, or a plugin implements their hooks.
+
+        False means routing is the built-in rule and the load balancer never asks (no per-request cost).
+        """
+        if any(getattr(type(self.policy), m) is not getattr(Policy, m) for m in REQUEST_METHODS):
+            return True
+        for name in REQUEST_HOOKS:
+            impls = getattr(self.pm.hook, name).get_hookimpls()
+            if any(not isinstance(i.plugin, _PolicyHookImpls) for i in impls):
+                return True
+        return False
+
+    def predict_length(self, request: RequestContext) -> Any:
+        """Run the ``dynres_predict_length`` hook chain."""
+        return self.pm.hook.dynres_predict_length(request=request)
+
+    def route(self, request: RequestContext) -> Any:
+        """Run the ``dynres_route_request`` hook chain."""
+        return self.pm.hook.dynres_route_request(request=request)
 
     def decision(self, method: str, ctx: ScheduleContext) -> Any:
         """Run the hook chain of policy method ``method`` (one of POLICY_METHODS)."""

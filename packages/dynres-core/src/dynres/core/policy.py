@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from dynres.core.context import ScheduleContext
 from dynres.core.errors import PolicyParamsError, PolicyValidationError, did_you_mean
+from dynres.core.requests import REQUEST_METHODS, RequestContext
 
 POLICY_METHODS: tuple[str, ...] = (
     "should_deactivate",
@@ -35,8 +36,9 @@ class Policy:
     """Base class of a scheduling policy: subclass it, set ``name``, write the decision methods.
 
     A policy is built as ``MyPolicy(params)`` (``params`` may be a ``Params`` instance, a mapping
-    or ``None`` for defaults) and keeps them as ``self.params``. Every method takes one
-    :class:`ScheduleContext`; none may do I/O or read a clock.
+    or ``None`` for defaults) and keeps them as ``self.params``. Every cycle decision takes one
+    :class:`ScheduleContext`, every request decision (``predict_length``, ``route``) one
+    :class:`~dynres.core.requests.RequestContext`; none may do I/O or read a clock.
     """
 
     name: ClassVar[str] = ""
@@ -99,6 +101,16 @@ class Policy:
         """After the weight sync: adapt internal state (default: nothing to adapt)."""
         return None
 
+    # ---- Request decisions (the load balancer calls these; see dynres.core.requests) -------
+
+    def predict_length(self, request: RequestContext) -> float | None:
+        """Tokens the response of ``request`` will have in all (default None: no prediction)."""
+        return None
+
+    def route(self, request: RequestContext) -> str | None:
+        """The id of the replica ``request`` goes to (default None: least in flight)."""
+        return None
+
     # ---- State (checkpoint / resume) ------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
@@ -143,27 +155,30 @@ def validate_policy_class(obj: object, *, where: str = "") -> type[Policy]:
         raise PolicyValidationError(f"{label} does not implement {', '.join(missing)}")
     for method in POLICY_METHODS:
         _check_signature(cls, method, label)
+    for method in REQUEST_METHODS:
+        _check_signature(cls, method, label, arg="request: RequestContext")
     unknown = sorted(attr for attr in dir(cls) if attr.startswith("dynres_") and callable(getattr(cls, attr)))
     if unknown:
-        from dynres.core.hookspecs import DECISION_HOOKS, OBSERVER_HOOKS
+        from dynres.core.hookspecs import DECISION_HOOKS, OBSERVER_HOOKS, REQUEST_HOOKS
 
-        known = DECISION_HOOKS + OBSERVER_HOOKS
+        known = DECISION_HOOKS + REQUEST_HOOKS + OBSERVER_HOOKS
         bad = unknown[0]
         raise PolicyValidationError(
             f"{label} defines {bad!r}, which is not a dynres hook"
             f"{did_you_mean(bad, known)}; a policy writes plain methods "
-            f"({', '.join(POLICY_METHODS)}); hooks belong in a plugin"
+            f"({', '.join(POLICY_METHODS + REQUEST_METHODS)}); hooks belong in a plugin"
         )
     return cls
 
 
-def _check_signature(cls: type[Policy], method: str, label: str) -> None:
+def _check_signature(cls: type[Policy], method: str, label: str, arg: str = "ctx: ScheduleContext") -> None:
     func = getattr(cls, method)
     if not callable(func):
         raise PolicyValidationError(f"{label}: {method} must be a method, not {type(func).__name__}")
     if isinstance(inspect.getattr_static(cls, method), (staticmethod, classmethod)):
         raise PolicyValidationError(
-            f"{label}: {method} must be a plain method def {method}(self, ctx), not a staticmethod or classmethod"
+            f"{label}: {method} must be a plain method def {method}(self, {arg.split(':')[0]}), "
+            "not a staticmethod or classmethod"
         )
     sig = inspect.signature(func)
     params = list(sig.parameters.values())[1:]  # drop self
@@ -178,7 +193,7 @@ def _check_signature(cls: type[Policy], method: str, label: str) -> None:
         shown = ", ".join(["self", *(p.name for p in params)])
         raise PolicyValidationError(
             f"{label}: {method}({shown}) has the wrong signature; the policy API is "
-            f"def {method}(self, ctx: ScheduleContext) (everything else is in ctx)"
+            f"def {method}(self, {arg}) (everything else is in {arg.split(':')[0]})"
         )
 
 

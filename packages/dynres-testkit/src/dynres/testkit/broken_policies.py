@@ -24,7 +24,7 @@ from typing import Any
 
 from pydantic import Field
 
-from dynres.core import Policy, ScheduleContext
+from dynres.core import Policy, RequestContext, ScheduleContext
 
 
 class _Sound(Policy):
@@ -88,6 +88,40 @@ class IntInsteadOfBoolPolicy(_Sound):
     def should_deactivate(self, ctx: ScheduleContext) -> bool:
         """Deactivate when there are active hybrid replicas (returns ``0`` when there are none)."""
         return ctx.num_hybrid_replicas and ctx.is_hybrid_active  # type: ignore[return-value]  # the planted bug
+
+
+class RemainingTokensPolicy(_Sound):
+    """Breaks check_request_answers: predicts the tokens still to generate from the siblings' mean,
+    which goes negative once the request has generated more than that mean."""
+
+    name = "remaining_tokens"
+
+    def predict_length(self, request: RequestContext) -> float | None:
+        """The siblings' mean length less what the request already has (forgets to clamp at 0)."""
+        if not request.sibling_lengths:
+            return None
+        return sum(request.sibling_lengths) / len(request.sibling_lengths) - request.generated_tokens
+
+
+class FirstStandalonePolicy(_Sound):
+    """Breaks check_request_answers: sends resumed requests to a replica id it assumes exists,
+    which is not routable in an only-hybrid cluster."""
+
+    name = "first_standalone"
+
+    def route(self, request: RequestContext) -> str | None:
+        """Resumed work to ``standalone-0``, the rest by load."""
+        return "standalone-0" if request.generated_tokens else None
+
+
+class RouteWithoutRequestPolicy(_Sound):
+    """Breaks check_policy_api: ``route`` takes no request, so the balancer could not call it."""
+
+    name = "route_without_request"
+
+    def route(self) -> str | None:  # type: ignore[override]  # the planted bug
+        """Always the built-in choice."""
+        return None
 
 
 class NegativeWaitPolicy(_Sound):
@@ -507,12 +541,19 @@ class HoardingPolicy(_Sound):
 
 
 BROKEN_POLICIES: dict[str, list[tuple[Any, str]]] = {
-    "check_policy_api": [(MisnamedPolicy, "name='Misnamed-Policy'")],
+    "check_policy_api": [
+        (MisnamedPolicy, "name='Misnamed-Policy'"),
+        (RouteWithoutRequestPolicy, "route(self) has the wrong signature"),
+    ],
     "check_constructible_with_defaults": [
         (RequiredParamPolicy({"threshold": 0.5}), "RequiredParamPolicy() raised PolicyParamsError"),
     ],
     "check_params_reject_unknown_keys": [(IgnoresUnknownParamsPolicy, "was accepted")],
     "check_decision_types": [(IntInsteadOfBoolPolicy, "should_deactivate returned 0 of type int; expected bool")],
+    "check_request_answers": [
+        (RemainingTokensPolicy, "predict_length returned -"),
+        (FirstStandalonePolicy, "route returned 'standalone-0', which is not routable now"),
+    ],
     "check_wait_bounds": [
         (NegativeWaitPolicy, "deactivate_wait_samples returned -"),
         (UnboundedWaitPolicy, "the queue never holds more than a cycle's samples"),

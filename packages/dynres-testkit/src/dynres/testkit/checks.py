@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import gc
 import inspect
 import json
@@ -49,6 +50,7 @@ from dynres.core.errors import (
     did_you_mean,
 )
 from dynres.core.policy import POLICY_METHODS, Policy, validate_policy_class
+from dynres.core.requests import REQUEST_METHODS, RequestContext, check_length_answer, check_route_answer
 
 __all__ = [
     "BASELINE_MARGIN",
@@ -79,6 +81,7 @@ __all__ = [
     "check_picklable",
     "check_policy",
     "check_policy_api",
+    "check_request_answers",
     "check_state_dict_json_round_trip",
     "check_wait_bounds",
     "parametrize_with_checks",
@@ -473,6 +476,45 @@ def check_decision_types(policy: PolicySpec, *, max_examples: int = EXAMPLES) ->
                     )
 
     _for_all_runs(body, max_examples=max_examples)
+
+
+def check_request_answers(policy: PolicySpec, *, max_examples: int = EXAMPLES) -> None:
+    """After every cycle of generated runs, ``predict_length`` answers a finite number of tokens
+    ``>= 0`` or None and ``route`` one of the request's routable replica ids or None, without raising."""
+    from dynres.testkit.strategies import edge_requests
+
+    name = "check_request_answers"
+    subject = _subject(policy)
+    if all(getattr(subject.cls, m) is getattr(Policy, m) for m in REQUEST_METHODS):
+        return  # the base class's None: the built-in routing, nothing of the policy's to check
+
+    def body(contexts: list[ScheduleContext]) -> None:
+        pol = subject.fresh(name)
+        for ctx in contexts:
+            _cycle(subject, name, pol, ctx)
+            for request in edge_requests(ctx):
+                _check_request(subject, name, pol, request, ctx)
+
+    _for_all_runs(body, max_examples=max_examples)
+
+
+def _check_request(subject: _Subject, check: str, pol: Policy, request: RequestContext, ctx: ScheduleContext) -> None:
+    where = f"Request: {request!r}; after the cycle of context {_show(ctx)}"
+    for method in REQUEST_METHODS:
+        try:
+            value = getattr(pol, method)(request)
+        except Exception as exc:
+            raise subject.fail(
+                check, f"{method} raised {_exc(exc)}; the runtime then routes by load (return None for that). {where}"
+            ) from exc
+        if method == "predict_length":
+            tokens, reason = check_length_answer(value)
+            if not reason and tokens is not None:
+                request = dataclasses.replace(request, predicted_tokens=tokens)
+        else:
+            _, reason = check_route_answer(value, request.replicas)
+        if reason:
+            raise subject.fail(check, f"{method} {reason}; the runtime would ignore it and route by load. {where}")
 
 
 def check_wait_bounds(policy: PolicySpec, *, max_examples: int = EXAMPLES) -> None:
@@ -1202,6 +1244,7 @@ _UNIT_CHECKS: tuple[Callable[..., None], ...] = (
     check_constructible_with_defaults,
     check_params_reject_unknown_keys,
     check_decision_types,
+    check_request_answers,
     check_wait_bounds,
     check_deterministic,
     check_context_not_mutated,

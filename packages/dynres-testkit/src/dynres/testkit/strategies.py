@@ -1,4 +1,4 @@
-"""Hypothesis strategies for `ScheduleContext`, and a ready-made sample context.
+"""Hypothesis strategies for `ScheduleContext` and `RequestContext`, and ready-made contexts.
 
 Every context these strategies produce is one the runtime could really hand to a policy: the
 fields agree with each other the way the controller computes them (``expected_samples`` is
@@ -18,15 +18,18 @@ their own property tests::
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from hypothesis import strategies as st
 
 from dynres.core.context import ScheduleContext, buffer_samples, step_required_samples
+from dynres.core.requests import ReplicaLoad, RequestContext
 
 __all__ = [
     "context_sequences",
+    "edge_requests",
     "edge_runs",
+    "request_contexts",
     "sample_context",
     "schedule_contexts",
 ]
@@ -383,3 +386,65 @@ def sample_context(**overrides: Any) -> ScheduleContext:
         values["num_standalone_replicas"] + (values["num_hybrid_replicas"] if hybrid_on else 0),
     )
     return ScheduleContext(**values)
+
+
+# ---- Request contexts (the per-request decisions predict_length and route) -----------------------
+
+MAX_TOKENS = 32768
+"""Longest response the request strategies draw (tokens)."""
+
+
+@st.composite
+def request_contexts(draw: st.DrawFn, *, max_replicas: int = 8) -> RequestContext:
+    """Strategy for valid RequestContexts: 1 to ``max_replicas`` routable replicas of either kind,
+    a new or resumed request, and 0 to 8 finished siblings."""
+    n = draw(st.integers(1, max_replicas))
+    kind: st.SearchStrategy[Literal["standalone", "hybrid"]] = st.sampled_from(["standalone", "hybrid"])
+    kinds = draw(st.lists(kind, min_size=n, max_size=n))
+    loads = draw(st.lists(st.integers(0, 256), min_size=n, max_size=n))
+    max_tokens = draw(st.integers(1, MAX_TOKENS))
+    return RequestContext(
+        request_id=f"s{draw(st.integers(0, 10**6))}-{draw(st.integers(0, 15))}",
+        sample_id="s0",
+        prompt_tokens=draw(st.integers(1, 4096)),
+        generated_tokens=draw(st.integers(0, max_tokens - 1)),
+        max_tokens=max_tokens,
+        attempt=draw(st.integers(0, 8)),
+        sibling_lengths=tuple(draw(st.lists(st.integers(1, max_tokens), max_size=8))),
+        replicas=tuple(
+            ReplicaLoad(f"{kind}-{i}", kind, load) for i, (kind, load) in enumerate(zip(kinds, loads, strict=True))
+        ),
+        now=draw(st.floats(0.0, 1e6, allow_nan=False)),
+    )
+
+
+def edge_requests(ctx: ScheduleContext) -> list[RequestContext]:
+    """Requests routed during the cycle ``ctx`` reports on, one of each kind a policy must answer:
+    new and resumed, with and without finished siblings, over the cycle's routable replicas
+    (standalone ones, plus the hybrid ones while they are active), with uneven loads."""
+    replicas = [ReplicaLoad(f"standalone-{i}", "standalone", (7 * i) % 5) for i in range(ctx.num_standalone_replicas)]
+    if ctx.is_hybrid_active or not replicas:
+        replicas += [ReplicaLoad(f"hybrid-{i}", "hybrid", (3 * i) % 4) for i in range(max(1, ctx.num_hybrid_replicas))]
+
+    def request(
+        rid: str, generated: int, attempt: int, siblings: tuple[int, ...], predicted: float | None = None
+    ) -> RequestContext:
+        return RequestContext(
+            request_id=rid,
+            sample_id=f"s{ctx.global_steps}",
+            prompt_tokens=512,
+            generated_tokens=generated,
+            max_tokens=8192,
+            attempt=attempt,
+            sibling_lengths=siblings,
+            replicas=tuple(replicas),
+            now=ctx.now,
+            predicted_tokens=predicted,
+        )
+
+    return [
+        request("new", 0, 0, ()),
+        request("resumed", 3000, 2, ()),
+        request("sibling", 0, 0, (40, 7000, 8192)),
+        request("predicted", 100, 1, (1,), predicted=0.0),
+    ]

@@ -63,6 +63,7 @@ from dynres.runtime.loop.queue import MessageQueue
 from dynres.runtime.loop.report import CycleReport, OperationTimings, RunReport, SampleCounters
 from dynres.runtime.loop.rollouter import Rollouter
 from dynres.runtime.loop.routing import LoadBalancer
+from dynres.runtime.loop.routing.decider import RequestDecider
 from dynres.runtime.loop.spec import RunSpec, max_required_samples
 from dynres.runtime.loop.tracker import RunTracker
 from dynres.runtime.samples import PromptGroup, Sample
@@ -150,6 +151,7 @@ class FullyAsyncRun:
             partial_rollout=at.partial_rollout,
             on_change=lambda: self.rollouter.on_capacity_change(),
             on_replica_failure=lambda rid, exc: self.controller.on_replica_failure(rid, exc),
+            decider=RequestDecider(self.policy, now) if self.policy.decides_requests else None,
         )
         self.queue = MessageQueue(
             max_req,
@@ -559,6 +561,9 @@ class FullyAsyncRun:
             stopped_early=stopped_early,
             checkpoint=self.checkpoint() if keep else None,
             switch_calibration=self.switch_calibration,
+            request_decisions=None
+            if self.balancer.decider is None
+            else dataclasses.replace(self.balancer.decider.counters),
         )
 
 

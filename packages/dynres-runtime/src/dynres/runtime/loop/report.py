@@ -20,6 +20,7 @@ from dynres.runtime.loop.controller import ReplicaEvent, StateChange
 from dynres.runtime.loop.decisions import DecisionRecord
 from dynres.runtime.loop.ops import OpFailure, OpStat
 from dynres.runtime.loop.restarts import ReplicaRestart
+from dynres.runtime.loop.routing.decider import RequestDecisionCounters
 
 
 @dataclass
@@ -280,6 +281,9 @@ class RunReport:
     replica_restarts: list[ReplicaRestart] = field(default_factory=list)
     """Every replica that went away and was recreated (or given up on), in order: its id, the
     cause, the cycle in progress, the seconds until it was back (None: it did not come back)."""
+    request_decisions: RequestDecisionCounters | None = None
+    """What the policy's per-request decisions (``predict_length``, ``route``) did: routings
+    asked, answered and fallen back (counts); None when the policy makes none."""
 
     def to_dict(self) -> dict[str, Any]:
         """The report as plain JSON-serialisable data."""

@@ -28,10 +28,12 @@ import asyncio
 import logging
 from collections.abc import Callable, Iterable, KeysView, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 from dynres.core.errors import ReplicaUnavailableError, RuntimeStateError
 from dynres.runtime.loop.routing.attempt import Attempt
 from dynres.runtime.loop.routing.completed import CompletedIds
+from dynres.runtime.loop.routing.decider import RequestDecider
 from dynres.runtime.loop.routing.inflight import InflightIndex
 from dynres.runtime.loop.routing.pacing import RetryPacer
 from dynres.runtime.loop.routing.rebalance import RebalancePlanner
@@ -83,6 +85,7 @@ class LoadBalancer:
         completed_window: int = 100_000,
         on_change: Callable[[], None] | None = None,
         on_replica_failure: Callable[[str, BaseException], None] | None = None,
+        decider: RequestDecider | None = None,
     ) -> None:
         """Create an empty balancer.
 
@@ -103,6 +106,8 @@ class LoadBalancer:
             :meth:`remove_replicas` batch, once per single add/remove (the rollouter recomputes its capacity).
         :param on_replica_failure: called with (replica_id, error) whenever a replica raises during
             generation; the balancer has already removed it from routing.
+        :param decider: the policy's request decisions (length prediction, routing), asked for
+            each request without a valid sticky replica; None: the built-in rule alone.
         """
         self.partial_rollout = partial_rollout
         """Resume aborted requests from their partial output (else restart from scratch)."""
@@ -110,6 +115,8 @@ class LoadBalancer:
         """Replica failures one request may hit before the error reaches the caller (count)."""
         self.counters = BalancerCounters()
         """Requests aborted, resumed, restarted, evicted and duplicated so far (counts, for the report)."""
+        self.decider = decider
+        """The policy's request decisions, or None when the policy makes none."""
         self._on_change = on_change
         self._on_replica_failure = on_replica_failure
         self._replicas: dict[str, Replica] = {}
@@ -271,10 +278,11 @@ class LoadBalancer:
 
     # ---- Routing (synchronous, O(1) amortized) -------------------------------------------
 
-    def route(self, request_id: str) -> Replica:
+    def route(self, request_id: str, pick: Callable[[], str | None] | None = None) -> Replica:
         """Pick a replica for ``request_id`` and count the request on it until :meth:`release`.
 
-        Sticky replica first (while registered), else the least loaded with a random tie-break
+        Sticky replica first (while registered), else ``pick``'s answer (the policy's request
+        decision) when given and not None, else the least loaded with a random tie-break
         (:class:`~.router.Router` decides).
         """
         h = hash(request_id)
@@ -286,7 +294,7 @@ class LoadBalancer:
             )
         if not self._replicas:
             raise ReplicaUnavailableError(f"no replica is routable for request {request_id!r}; add a replica first")
-        rid = self._router.choose(request_id, h)
+        rid = self._router.choose(request_id, h, pick)
         self._index.up(rid)
         self._seq += 1
         running_shard[request_id] = rid
@@ -390,17 +398,25 @@ class LoadBalancer:
     async def _generate(self, request: GenerationRequest) -> GenerationResult:  # noqa: C901  # one retry loop: its finally sees every exit
         req = request
         failures = 0
+        attempt = -1
         task = asyncio.current_task()
         h = hash(req.request_id) & MASK
         current, attempts = self._current[h], self._attempts[h]
+        decider = self.decider
         while True:
+            attempt += 1
             current[req.request_id] = req
             while not self._replicas and not self._draining:
                 await self._event().wait()
             if self._draining:
                 self.counters.parked += 1
                 return _parked(req)
-            replica = self.route(req.request_id)
+            if decider is None:
+                replica = self.route(req.request_id)
+            else:
+                replica = self.route(
+                    req.request_id, partial(decider.choose, req, attempt, self._replicas, self._index.count)
+                )
             att = attempts[req.request_id] = Attempt(replica.replica_id, task)
             try:
                 if takes_batched_path(replica):
@@ -434,6 +450,8 @@ class LoadBalancer:
                 if self._completed.add(req.request_id):
                     self.counters.duplicates += 1
                 self.counters.completed += 1
+                if decider is not None:
+                    decider.finished(req.sample_id, len(result.token_ids))
                 return result
             self.counters.aborted += 1
             if self._draining:
