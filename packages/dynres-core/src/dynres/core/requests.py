@@ -27,12 +27,21 @@ entry of a request that was routed before still wins while its replica stays rou
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, Literal
+from dataclasses import dataclass, replace
+from typing import Any, Literal, Protocol
 
-__all__ = ["REQUEST_METHODS", "ReplicaLoad", "RequestContext", "check_length_answer", "check_route_answer"]
+__all__ = [
+    "REQUEST_METHODS",
+    "ReplicaLoad",
+    "RequestContext",
+    "RequestDecisionCounters",
+    "RequestDecisions",
+    "check_length_answer",
+    "check_route_answer",
+]
 
 REQUEST_METHODS: tuple[str, ...] = ("predict_length", "route")
 """The per-request decision methods, in the order the balancer calls them."""
@@ -110,3 +119,88 @@ def _is_real(value: Any) -> bool:
     if isinstance(value, int | float):
         return True
     return type(value).__module__ == "numpy" and hasattr(value, "dtype") and value.dtype.kind in "iuf"
+
+
+@dataclass
+class RequestDecisionCounters:
+    """What a policy's request decisions did (counts since the router was created)."""
+
+    asked: int = 0
+    """Routings the policy was asked about (requests without a valid sticky replica)."""
+    routed: int = 0
+    """Routings where the policy chose the replica (a valid non-None ``route`` answer)."""
+    predicted: int = 0
+    """Routings with a length prediction (a valid non-None ``predict_length`` answer)."""
+    length_fallbacks: int = 0
+    """``predict_length`` calls that raised or answered outside the table (used as None)."""
+    route_fallbacks: int = 0
+    """``route`` calls that raised or answered outside the table (routed by the built-in rule)."""
+
+
+class _AsksRequests(Protocol):
+    # What RequestDecisions needs of a policy: dynres.core.BoundPolicy (hooks and all) has it.
+    @property
+    def name(self) -> str: ...
+    def predict_length(self, request: RequestContext) -> Any: ...
+    def route(self, request: RequestContext) -> Any: ...
+
+
+class RequestDecisions:
+    """Asks a policy's ``predict_length`` then ``route`` with the answer checks and fallbacks above.
+
+    The one place that does so: the dynres runtime's load balancer and dynres-verl's router for
+    verl both ask through it, so a wrong answer means the same in both (the built-in choice for
+    that request, one warning per method, every fallback counted).
+    """
+
+    def __init__(self, policy: _AsksRequests, logger: logging.Logger) -> None:
+        """Ask ``policy`` (usually a :class:`~dynres.core.BoundPolicy`); warn on ``logger``."""
+        self.policy = policy
+        self.counters = RequestDecisionCounters()
+        """Routings asked, answered and fallen back (counts, for the report)."""
+        self._logger = logger
+        self._warned: set[str] = set()
+
+    def choose(self, ctx: RequestContext) -> str | None:
+        """The replica id the policy chooses for ``ctx`` (its ``predicted_tokens`` is filled in
+        here), or None for the built-in choice."""
+        self.counters.asked += 1
+        predicted = self._ask("predict_length", ctx)
+        if predicted is not None:
+            tokens, reason = check_length_answer(predicted)
+            if reason:
+                self._fallback("predict_length", reason)
+            elif tokens is not None:
+                self.counters.predicted += 1
+                ctx = replace(ctx, predicted_tokens=tokens)
+        answer = self._ask("route", ctx)
+        if answer is None:
+            return None
+        rid, reason = check_route_answer(answer, ctx.replicas)
+        if reason:
+            self._fallback("route", reason)
+            return None
+        self.counters.routed += 1
+        return rid
+
+    def _ask(self, method: str, ctx: RequestContext) -> object:
+        try:
+            return getattr(self.policy, method)(ctx)
+        except Exception as exc:  # third-party code: anything may come out
+            self._fallback(method, f"raised {type(exc).__name__}: {exc}")
+            return None
+
+    def _fallback(self, method: str, reason: str) -> None:
+        key = "route_fallbacks" if method == "route" else "length_fallbacks"
+        setattr(self.counters, key, getattr(self.counters, key) + 1)
+        if method not in self._warned:
+            self._warned.add(method)
+            self._logger.warning(
+                "policy %r %s %s; this request is routed as if it had answered None (least in flight), "
+                "and later fallbacks of %s are only counted (request_decisions.%s)",
+                self.policy.name,
+                method,
+                reason,
+                method,
+                key,
+            )
