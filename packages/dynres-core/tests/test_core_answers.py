@@ -6,12 +6,12 @@ from typing import Any
 
 import pytest
 
-from dynres.core import POLICY_METHODS, ScheduleContext
+from dynres.core import CYCLE_METHODS, ScheduleContext
 from dynres.core.answers import ANSWERS, check_answer, clamp_answer, safe_answer
 
 
 def test_the_table_covers_every_policy_method_in_call_order() -> None:
-    assert tuple(ANSWERS) == POLICY_METHODS
+    assert tuple(ANSWERS) == CYCLE_METHODS
 
 
 @pytest.mark.parametrize(
@@ -120,3 +120,23 @@ def test_safety_clamps(standalone: int, method: str, value: Any, expected: Any) 
     new, reason = clamp_answer(method, value, _ctx(standalone))
     assert new == expected
     assert bool(reason) == (new != value)
+
+
+@pytest.mark.parametrize(
+    ("value", "ok", "normalised"),
+    [(0, True, 0.0), (2.5, True, 2.5), (-0.1, False, -0.1), (float("nan"), False, None), (True, False, True)],
+)
+def test_the_grace_is_a_finite_non_negative_number_of_seconds(value, ok, normalised) -> None:
+    checked = check_answer("deactivate_grace_s", value)
+    assert checked.ok is ok
+    if normalised is not None:
+        assert checked.value == normalised and type(checked.value) is type(normalised)
+
+
+def test_the_grace_never_outlasts_the_latest_cycle_and_falls_back_to_none() -> None:
+    ctx = _ctx(2).model_copy(update={"global_steps": 3, "last_cycle_time_s": 40.0})
+    value, reason = clamp_answer("deactivate_grace_s", 100.0, ctx)
+    assert value == 40.0 and "last_cycle_time_s=40.0" in reason
+    assert clamp_answer("deactivate_grace_s", 10.0, ctx) == (10.0, "")
+    assert clamp_answer("deactivate_grace_s", 5.0, _ctx(2))[0] == 0.0  # nothing measured yet
+    assert safe_answer("deactivate_grace_s", ctx) == 0.0

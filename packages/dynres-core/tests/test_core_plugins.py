@@ -9,7 +9,7 @@ from core_helpers import make_ctx
 
 from dynres.core import PLUGINS_GROUP, BoundPolicy, Policy, ScheduleContext, get_plugin_manager, hookimpl
 from dynres.core.errors import PluginError, PolicyValidationError
-from dynres.core.hookspecs import DECISION_HOOKS, OBSERVER_HOOKS
+from dynres.core.hookspecs import DECISION_HOOKS, OBSERVER_HOOKS, REQUEST_HOOKS
 from dynres.core.plugins import DISABLE_AUTOLOAD_ENV, register_plugin
 
 OBSERVER_PLUGIN = """
@@ -40,6 +40,10 @@ class Recorder(Policy):
     def deactivate_wait_samples(self, ctx: ScheduleContext) -> int:
         self.calls.append("deactivate_wait_samples")
         return 5
+
+    def deactivate_grace_s(self, ctx: ScheduleContext) -> float:
+        self.calls.append("deactivate_grace_s")
+        return 2.5
 
     def should_activate_after_step(self, ctx: ScheduleContext) -> bool:
         self.calls.append("should_activate_after_step")
@@ -78,7 +82,7 @@ def test_group_and_env_names_are_the_contract():
 
 def test_manager_has_every_hook_spec():
     pm = get_plugin_manager(load_plugins=False)
-    for hook in DECISION_HOOKS + OBSERVER_HOOKS:
+    for hook in DECISION_HOOKS + REQUEST_HOOKS + OBSERVER_HOOKS:
         assert getattr(pm.hook, hook).has_spec(), hook
 
 
@@ -238,6 +242,7 @@ def test_without_plugins_the_policy_answers():
     assert bp.name == "recorder"
     assert bp.should_deactivate(ctx) is False
     assert bp.deactivate_wait_samples(ctx) == 5
+    assert bp.deactivate_grace_s(ctx) == 2.5
     assert bp.should_activate_after_step(ctx) is False
     assert bp.should_rebalance(ctx) is True
     assert bp.update_after_step(ctx) is None

@@ -6,7 +6,7 @@ import pytest
 from core_helpers import make_ctx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from dynres.core import POLICY_METHODS, Policy, ScheduleContext
+from dynres.core import CYCLE_METHODS, POLICY_METHODS, TAIL_METHODS, Policy, ScheduleContext
 from dynres.core.errors import PolicyParamsError, PolicyValidationError
 from dynres.core.hookspecs import DECISION_HOOKS
 from dynres.core.policy import REQUIRED_METHODS, validate_policy_class
@@ -34,7 +34,8 @@ class Floor(Policy):
 
 
 def test_method_order_matches_the_decision_hooks():
-    assert tuple(h.removeprefix("dynres_") for h in DECISION_HOOKS) == POLICY_METHODS
+    assert tuple(h.removeprefix("dynres_") for h in DECISION_HOOKS) == CYCLE_METHODS
+    assert set(POLICY_METHODS) | set(TAIL_METHODS) == set(CYCLE_METHODS)
     assert set(REQUIRED_METHODS) < set(POLICY_METHODS)
 
 

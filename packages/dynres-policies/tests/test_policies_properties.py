@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from policies_helpers import BUILTINS, ReferenceDefault, contexts, params_for, runs
 
-from dynres.core import POLICY_METHODS, Policy, ScheduleContext, load_policy
+from dynres.core import CYCLE_METHODS, Policy, ScheduleContext, load_policy
 from dynres.policies.default import DefaultPolicy
 
 SETTINGS = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -20,7 +20,7 @@ DECISIONS = ("should_deactivate", "deactivate_wait_samples", "should_activate_af
 
 def run_cycle(policy: Policy, ctx: ScheduleContext) -> tuple:
     """Every method once, in the controller's order; returns the answers."""
-    return tuple(getattr(policy, m)(ctx) for m in POLICY_METHODS)
+    return tuple(getattr(policy, m)(ctx) for m in CYCLE_METHODS)
 
 
 @st.composite

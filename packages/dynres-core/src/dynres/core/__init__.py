@@ -12,14 +12,16 @@ from dynres.core.loading import (
     resolve_policy_class,
 )
 from dynres.core.plugins import PLUGINS_GROUP, BoundPolicy, get_plugin_manager, register_plugin
-from dynres.core.policy import POLICY_METHODS, Policy
+from dynres.core.policy import CYCLE_METHODS, POLICY_METHODS, TAIL_METHODS, Policy
 from dynres.core.requests import REQUEST_METHODS, ReplicaLoad, RequestContext
 
 __all__ = [
+    "CYCLE_METHODS",
     "PLUGINS_GROUP",
     "POLICIES_GROUP",
     "POLICY_METHODS",
     "REQUEST_METHODS",
+    "TAIL_METHODS",
     "AsyncTrainingConfig",
     "BoundPolicy",
     "DynresConfig",

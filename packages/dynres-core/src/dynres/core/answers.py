@@ -5,12 +5,14 @@ method                          type        range      safe fallback (applied by
 ==============================  ==========  =========  =====================================
 ``should_deactivate``           ``bool``               ``True`` (give the GPUs back)
 ``deactivate_wait_samples``     ``int``     ``>= 0``   ``0`` (do not wait)
+``deactivate_grace_s``          ``float``   ``>= 0``   ``0.0`` (abort at once)
 ``should_activate_after_step``  ``bool``               ``ctx.only_hybrid``
 ``should_rebalance``            ``bool``               ``False`` (never rebalance)
 ``update_after_step``           ``None``               nothing
 ==============================  ==========  =========  =====================================
 
-One rule for both: a numpy boolean or integer scalar (0-d, e.g. ``numpy.bool_`` from
+A ``float`` answer is a finite real number (an ``int`` or a numpy real scalar counts and is
+converted; a ``bool`` does not). One rule for both: a numpy boolean or integer scalar (0-d, e.g. ``numpy.bool_`` from
 ``arr.mean() > x``) counts as ``bool`` or ``int`` and is normalised to the Python type, so what
 the runtime acts on and what a recorded trace holds is plain JSON. A Python ``bool`` is not an
 ``int`` here (``True`` samples to wait for is a bug), and neither is a float, integral or not.
@@ -19,6 +21,7 @@ numpy is recognised by the value's module and dtype, so this module does not imp
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -32,10 +35,10 @@ __all__ = ["ANSWERS", "AnswerSpec", "CheckedAnswer", "check_answer", "clamp_answ
 class AnswerSpec:
     """What one policy method must return."""
 
-    kind: Literal["bool", "int", "None"]
+    kind: Literal["bool", "int", "float", "None"]
     """Python type of a valid answer after normalisation."""
     minimum: int | None = None
-    """Smallest valid value (for ``int`` answers; None: no lower bound)."""
+    """Smallest valid value (for ``int`` and ``float`` answers; None: no lower bound)."""
     hint: str = ""
     """How a policy author fixes a wrong type, for error messages."""
 
@@ -47,6 +50,7 @@ class AnswerSpec:
 ANSWERS: dict[str, AnswerSpec] = {
     "should_deactivate": AnswerSpec("bool", hint="wrap it in bool(...)"),
     "deactivate_wait_samples": AnswerSpec("int", minimum=0, hint="wrap it in int(...)"),
+    "deactivate_grace_s": AnswerSpec("float", minimum=0, hint="return a finite number of seconds, e.g. float(...)"),
     "should_activate_after_step": AnswerSpec("bool", hint="wrap it in bool(...)"),
     "should_rebalance": AnswerSpec("bool", hint="wrap it in bool(...)"),
     "update_after_step": AnswerSpec("None", hint="return None"),
@@ -86,6 +90,14 @@ def check_answer(method: str, value: Any) -> CheckedAnswer:
             if spec.minimum is not None and number < spec.minimum:
                 return CheckedAnswer(number, True, f"expected {spec.describe()}, got {number}")
             return CheckedAnswer(number, True, "")
+    elif spec.kind == "float":
+        if (isinstance(value, int | float) and not isinstance(value, bool)) or _numpy_kind(value) in ("i", "u", "f"):
+            seconds = float(value)
+            if not math.isfinite(seconds):
+                return CheckedAnswer(seconds, True, f"expected a finite {spec.describe()}, got {seconds}")
+            if spec.minimum is not None and seconds < spec.minimum:
+                return CheckedAnswer(seconds, True, f"expected {spec.describe()}, got {seconds}")
+            return CheckedAnswer(seconds, True, "")
     elif value is None:
         return CheckedAnswer(None, True, "")
     return CheckedAnswer(value, False, f"expected {spec.describe()}, got {type_name(value)}")
@@ -97,6 +109,8 @@ def safe_answer(method: str, ctx: ScheduleContext) -> Any:
         return True
     if method == "deactivate_wait_samples":
         return 0
+    if method == "deactivate_grace_s":
+        return 0.0
     if method == "should_activate_after_step":
         return ctx.only_hybrid
     if method == "should_rebalance":
@@ -111,7 +125,10 @@ def clamp_answer(method: str, value: Any, ctx: ScheduleContext) -> tuple[Any, st
     only-hybrid cluster (the trainer's GPUs are the only producers: they must make at least one
     cycle's samples before going back) and in ``[0, step_required + buffer]`` otherwise (the queue
     never holds more, so a longer wait would never end); ``should_activate_after_step`` is True in
-    an only-hybrid cluster, for the same reason. ``reason`` is '' when the value is unchanged.
+    an only-hybrid cluster, for the same reason; ``deactivate_grace_s`` is at most the latest
+    cycle's length (``last_cycle_time_s``, 0 before one was measured): a grace is a cut into the
+    trainer's time, and a longer one would hold its GPUs beyond the window they were lent for.
+    ``reason`` is '' when the value is unchanged.
     Applied by :class:`dynres.core.guard.PolicyGuard`, in the dynres runtime and inside verl.
     """
     if method == "deactivate_wait_samples":
@@ -121,6 +138,8 @@ def clamp_answer(method: str, value: Any, ctx: ScheduleContext) -> tuple[Any, st
             return lo, f"only-hybrid cluster: wait for at least step_required={lo}"
         if value > hi:
             return hi, f"never wait for more than step_required + buffer = {hi}"
+    elif method == "deactivate_grace_s" and value > ctx.last_cycle_time_s:
+        return ctx.last_cycle_time_s, f"never longer than the latest cycle, last_cycle_time_s={ctx.last_cycle_time_s}"
     elif method == "should_activate_after_step" and ctx.only_hybrid and not value:
         return True, "only-hybrid cluster: nothing else could generate"
     return value, ""

@@ -8,10 +8,11 @@ called by the controller once per sync cycle, in this order:
 
 1. ``dynres_should_deactivate`` - before training;
 2. ``dynres_deactivate_wait_samples`` - only if (1) said yes;
-3. ``dynres_should_activate_after_step`` - after the weight sync;
-4. ``dynres_should_rebalance`` - only after an activation, and only when
+3. ``dynres_deactivate_grace_s`` - only if (1) said yes (the dynres runtime only: verl never asks);
+4. ``dynres_should_activate_after_step`` - after the weight sync;
+5. ``dynres_should_rebalance`` - only after an activation, and only when
    ``dynamic_schedule_enable_rebalance`` is on;
-5. ``dynres_update_after_step`` - after the weight sync.
+6. ``dynres_update_after_step`` - after the weight sync.
 
 The active policy is registered as the ``trylast`` implementation of each decision hook, so a
 plugin can override a decision by returning a non-``None`` value, or wrap it with
@@ -98,6 +99,21 @@ def dynres_deactivate_wait_samples(ctx: ScheduleContext) -> int | None:
 
     :param ctx: the current :class:`~dynres.core.context.ScheduleContext`.
     :return: a sample count ``>= 0``, or ``None`` to defer to the next implementation.
+    """
+
+
+@hookspec(firstresult=True)
+def dynres_deactivate_grace_s(ctx: ScheduleContext) -> float | None:
+    """Return how long the requests still running on the hybrid replicas may go on once they leave routing.
+
+    Called right after :func:`dynres_deactivate_wait_samples`, by the dynres runtime only (verl's
+    trainer has no such step: its deactivation aborts at once). The controller removes the hybrid
+    replicas from routing, waits up to this many seconds for their running requests to finish,
+    then aborts the rest (retried elsewhere with their partial output) and puts them to sleep.
+    The policy guard clamps the answer to ``[0, last_cycle_time_s]``.
+
+    :param ctx: the current :class:`~dynres.core.context.ScheduleContext`.
+    :return: seconds ``>= 0`` (``0.0`` aborts at once), or ``None`` to defer.
     """
 
 
@@ -250,6 +266,7 @@ def dynres_resolve_policy(name: str) -> type[Policy] | None:
 DECISION_HOOKS: tuple[str, ...] = (
     "dynres_should_deactivate",
     "dynres_deactivate_wait_samples",
+    "dynres_deactivate_grace_s",
     "dynres_should_activate_after_step",
     "dynres_should_rebalance",
     "dynres_update_after_step",

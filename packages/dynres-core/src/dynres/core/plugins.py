@@ -140,6 +140,10 @@ class _PolicyHookImpls:
         return self.policy.deactivate_wait_samples(ctx)
 
     @hookimpl(trylast=True)
+    def dynres_deactivate_grace_s(self, ctx: ScheduleContext) -> Any:
+        return self.policy.deactivate_grace_s(ctx)
+
+    @hookimpl(trylast=True)
     def dynres_should_activate_after_step(self, ctx: ScheduleContext) -> Any:
         return self.policy.should_activate_after_step(ctx)
 
@@ -197,6 +201,10 @@ class BoundPolicy:
         """Run the ``dynres_deactivate_wait_samples`` hook chain."""
         return self.pm.hook.dynres_deactivate_wait_samples(ctx=ctx)
 
+    def deactivate_grace_s(self, ctx: ScheduleContext) -> Any:
+        """Run the ``dynres_deactivate_grace_s`` hook chain."""
+        return self.pm.hook.dynres_deactivate_grace_s(ctx=ctx)
+
     def should_activate_after_step(self, ctx: ScheduleContext) -> Any:
         """Run the ``dynres_should_activate_after_step`` hook chain."""
         return self.pm.hook.dynres_should_activate_after_step(ctx=ctx)
@@ -234,5 +242,5 @@ class BoundPolicy:
         return self.pm.hook.dynres_route_request(request=request)
 
     def decision(self, method: str, ctx: ScheduleContext) -> Any:
-        """Run the hook chain of policy method ``method`` (one of POLICY_METHODS)."""
+        """Run the hook chain of policy method ``method`` (one of CYCLE_METHODS)."""
         return getattr(self, method)(ctx)

@@ -20,7 +20,21 @@ POLICY_METHODS: tuple[str, ...] = (
     "should_rebalance",
     "update_after_step",
 )
-"""The five decision/update methods, in the order the controller calls them in a cycle."""
+"""The five decision/update methods that mirror verl's policy interface, in the order the controller
+calls them in a cycle."""
+
+TAIL_METHODS: tuple[str, ...] = ("deactivate_grace_s",)
+"""Cycle decisions of the dynres runtime beyond verl's five (verl's trainer never asks them)."""
+
+CYCLE_METHODS: tuple[str, ...] = (
+    "should_deactivate",
+    "deactivate_wait_samples",
+    "deactivate_grace_s",
+    "should_activate_after_step",
+    "should_rebalance",
+    "update_after_step",
+)
+"""Every cycle method (POLICY_METHODS and TAIL_METHODS), in the order the dynres runtime calls them."""
 
 REQUIRED_METHODS: tuple[str, ...] = (
     "should_deactivate",
@@ -89,6 +103,11 @@ class Policy:
         """If deactivating: samples (>= 0) to wait for in the queue before deactivating."""
         raise NotImplementedError(f"{type(self).__qualname__} must implement deactivate_wait_samples")
 
+    def deactivate_grace_s(self, ctx: ScheduleContext) -> float:
+        """If deactivating, after the wait: seconds to let the requests still running on the hybrid
+        replicas finish once they leave routing, before the rest are aborted (default 0.0: abort at once)."""
+        return 0.0
+
     def should_activate_after_step(self, ctx: ScheduleContext) -> bool:
         """After the weight sync: return True to let hybrid replicas generate next cycle."""
         raise NotImplementedError(f"{type(self).__qualname__} must implement should_activate_after_step")
@@ -153,7 +172,7 @@ def validate_policy_class(obj: object, *, where: str = "") -> type[Policy]:
     missing = [m for m in REQUIRED_METHODS if getattr(cls, m) is getattr(Policy, m)]
     if missing:
         raise PolicyValidationError(f"{label} does not implement {', '.join(missing)}")
-    for method in POLICY_METHODS:
+    for method in CYCLE_METHODS:
         _check_signature(cls, method, label)
     for method in REQUEST_METHODS:
         _check_signature(cls, method, label, arg="request: RequestContext")
@@ -166,7 +185,7 @@ def validate_policy_class(obj: object, *, where: str = "") -> type[Policy]:
         raise PolicyValidationError(
             f"{label} defines {bad!r}, which is not a dynres hook"
             f"{did_you_mean(bad, known)}; a policy writes plain methods "
-            f"({', '.join(POLICY_METHODS + REQUEST_METHODS)}); hooks belong in a plugin"
+            f"({', '.join(CYCLE_METHODS + REQUEST_METHODS)}); hooks belong in a plugin"
         )
     return cls
 

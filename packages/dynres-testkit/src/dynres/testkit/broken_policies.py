@@ -90,6 +90,17 @@ class IntInsteadOfBoolPolicy(_Sound):
         return ctx.num_hybrid_replicas and ctx.is_hybrid_active  # type: ignore[return-value]  # the planted bug
 
 
+class IdleGracePolicy(_Sound):
+    """Breaks check_grace_bounds: grants the hybrids the trainer's last wait less the deactivation's
+    own cost as a grace, which goes negative once the trainer stopped waiting."""
+
+    name = "idle_grace"
+
+    def deactivate_grace_s(self, ctx: ScheduleContext) -> float:
+        """The trainer's waits of the last cycle, less what deactivating takes (forgets to clamp at 0)."""
+        return sum(ctx.step_wait_times) - ctx.last_deactivate_duration_s
+
+
 class RemainingTokensPolicy(_Sound):
     """Breaks check_request_answers: predicts the tokens still to generate from the siblings' mean,
     which goes negative once the request has generated more than that mean."""
@@ -550,6 +561,7 @@ BROKEN_POLICIES: dict[str, list[tuple[Any, str]]] = {
     ],
     "check_params_reject_unknown_keys": [(IgnoresUnknownParamsPolicy, "was accepted")],
     "check_decision_types": [(IntInsteadOfBoolPolicy, "should_deactivate returned 0 of type int; expected bool")],
+    "check_grace_bounds": [(IdleGracePolicy, "deactivate_grace_s returned -")],
     "check_request_answers": [
         (RemainingTokensPolicy, "predict_length returned -"),
         (FirstStandalonePolicy, "route returned 'standalone-0', which is not routable now"),

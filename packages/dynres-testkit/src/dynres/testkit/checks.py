@@ -49,7 +49,7 @@ from dynres.core.errors import (
     PolicyValidationError,
     did_you_mean,
 )
-from dynres.core.policy import POLICY_METHODS, Policy, validate_policy_class
+from dynres.core.policy import CYCLE_METHODS, Policy, validate_policy_class
 from dynres.core.requests import REQUEST_METHODS, RequestContext, check_length_answer, check_route_answer
 
 __all__ = [
@@ -74,6 +74,7 @@ __all__ = [
     "check_e2e_not_slower_than_baseline",
     "check_e2e_samples_accounted",
     "check_e2e_training_finishes",
+    "check_grace_bounds",
     "check_no_clock_reads",
     "check_no_global_random",
     "check_only_hybrid_never_deadlocks",
@@ -266,12 +267,12 @@ def _call(subject: _Subject, check: str, policy: Policy, method: str, ctx: Sched
 
 
 def _cycle(subject: _Subject, check: str, policy: Policy, ctx: ScheduleContext) -> tuple[Any, ...]:
-    """Call the five methods in the controller's order; return what each answered."""
-    return tuple(_call(subject, check, policy, m, ctx) for m in POLICY_METHODS)
+    """Call the cycle methods in the dynres runtime's order; return what each answered."""
+    return tuple(_call(subject, check, policy, m, ctx) for m in CYCLE_METHODS)
 
 
 def _first_difference(a: Sequence[Any], b: Sequence[Any]) -> tuple[str, Any, Any] | None:
-    for method, x, y in zip(POLICY_METHODS, a, b, strict=True):
+    for method, x, y in zip(CYCLE_METHODS, a, b, strict=True):
         if type(x) is not type(y) or x != y:
             return method, x, y
     return None
@@ -464,7 +465,7 @@ def check_decision_types(policy: PolicySpec, *, max_examples: int = EXAMPLES) ->
     def body(contexts: list[ScheduleContext]) -> None:
         pol = subject.fresh(name)
         for ctx in contexts:
-            for method in POLICY_METHODS:
+            for method in CYCLE_METHODS:
                 value = _call(subject, name, pol, method, ctx)
                 # The runtime's own checker: what it accepts (numpy scalars included) passes here.
                 if not check_answer(method, value).type_ok:
@@ -550,6 +551,37 @@ def check_wait_bounds(policy: PolicySpec, *, max_examples: int = EXAMPLES) -> No
     _for_all_runs(body, max_examples=max_examples)
 
 
+def check_grace_bounds(policy: PolicySpec, *, max_examples: int = EXAMPLES) -> None:
+    """``deactivate_grace_s`` is a finite number of seconds in ``[0, last_cycle_time_s]``."""
+    name = "check_grace_bounds"
+    subject = _subject(policy)
+
+    def body(contexts: list[ScheduleContext]) -> None:
+        pol = subject.fresh(name)
+        for ctx in contexts:
+            raw = _call(subject, name, pol, "deactivate_grace_s", ctx)
+            checked = check_answer("deactivate_grace_s", raw)
+            # A wrong type is check_decision_types' finding.
+            if checked.type_ok:
+                grace = checked.value
+                if checked.reason or grace > ctx.last_cycle_time_s:
+                    why = (
+                        checked.reason
+                        if checked.reason
+                        else "a grace is taken from the trainer's time, and the runtime never lets it outlast "
+                        "the latest cycle (last_cycle_time_s; 0 before one was measured)"
+                    )
+                    raise subject.fail(
+                        name,
+                        f"deactivate_grace_s returned {grace!r}; expected seconds in [0, last_cycle_time_s] = "
+                        f"[0, {ctx.last_cycle_time_s}] ({why}). Context: {_show(ctx)}",
+                    )
+            for method in ("should_activate_after_step", "update_after_step"):
+                _call(subject, name, pol, method, ctx)
+
+    _for_all_runs(body, max_examples=max_examples)
+
+
 def check_deterministic(policy: PolicySpec, *, max_examples: int = EXAMPLES) -> None:
     """Two copies in the same state (``copy.deepcopy``) give the same answers to the same context."""
     name = "check_deterministic"
@@ -597,7 +629,7 @@ def check_context_not_mutated(policy: PolicySpec, *, max_examples: int = EXAMPLE
     def body(contexts: list[ScheduleContext]) -> None:
         pol = subject.fresh(name)
         for ctx in contexts:
-            for method in POLICY_METHODS:
+            for method in CYCLE_METHODS:
                 before = dict(ctx.__dict__)
                 _call(subject, name, pol, method, ctx)
                 after = dict(ctx.__dict__)
@@ -723,7 +755,7 @@ def _check_reads(policy: PolicySpec, name: str, kind: str, why: str, max_example
     def body(contexts: list[ScheduleContext]) -> None:
         pol = subject.fresh(name)
         for ctx in contexts:
-            for method in POLICY_METHODS:
+            for method in CYCLE_METHODS:
                 try:
                     _, reads = _call_watched(pol, method, ctx)
                 except Exception as exc:
@@ -766,7 +798,7 @@ def check_no_global_random(policy: PolicySpec, *, max_examples: int = EXAMPLES) 
 
 # ---- State changed inside a decision -----------------------------------------------------------
 
-DECISION_METHODS: tuple[str, ...] = tuple(m for m in POLICY_METHODS if m != "update_after_step")
+DECISION_METHODS: tuple[str, ...] = tuple(m for m in CYCLE_METHODS if m != "update_after_step")
 """The methods that only answer; ``update_after_step`` is the one place a policy changes its state."""
 
 _MISSING = object()
@@ -822,7 +854,7 @@ def check_decisions_do_not_change_state(policy: PolicySpec, *, max_examples: int
     def body(contexts: list[ScheduleContext]) -> None:
         pol = subject.fresh(name)
         for ctx in contexts:
-            for method in POLICY_METHODS:
+            for method in CYCLE_METHODS:
                 before = _snapshot(pol) if method in DECISION_METHODS else None
                 _call(subject, name, pol, method, ctx)
                 if before is None:
@@ -1001,13 +1033,13 @@ def check_decision_latency(
     contexts = contexts[:calls]
     pol = subject.fresh(name)
     _cycle(subject, name, pol, contexts[0])  # warm-up: first calls pay for imports and caches
-    timings: dict[str, list[float]] = {m: [] for m in POLICY_METHODS}
+    timings: dict[str, list[float]] = {m: [] for m in CYCLE_METHODS}
     # The collector's pauses belong to the test process, not to the policy.
     was_enabled = gc.isenabled()
     gc.disable()
     try:
         for ctx in contexts:
-            for method in POLICY_METHODS:
+            for method in CYCLE_METHODS:
                 start = time.perf_counter()
                 _call(subject, name, pol, method, ctx)
                 elapsed = time.perf_counter() - start
@@ -1246,6 +1278,7 @@ _UNIT_CHECKS: tuple[Callable[..., None], ...] = (
     check_decision_types,
     check_request_answers,
     check_wait_bounds,
+    check_grace_bounds,
     check_deterministic,
     check_context_not_mutated,
     check_decisions_do_not_change_state,

@@ -200,7 +200,10 @@ class Controller:
         self.last_activate_duration_s = 0.0
         """Duration of the latest activation (seconds; 0 = none yet)."""
         self.last_deactivate_duration_s = 0.0
-        """Duration of the latest deactivation (seconds; 0 = none yet)."""
+        """Duration of the latest deactivation, its grace included (seconds; 0 = none yet)."""
+        self.last_grace_finished = 0
+        """Requests that finished on the hybrids during the latest deactivation's grace instead of
+        being aborted (count; 0 without a grace)."""
         self.activations = 0
         """Successful activations (count)."""
         self.deactivations = 0
@@ -540,8 +543,9 @@ class Controller:
             self._set(ControllerState.HYBRID_ACTIVE)
             return True
 
-    async def deactivate(self) -> None:
-        """Hand the GPUs back: cut routing, abort and drain, sleep, onload the trainer."""
+    async def deactivate(self, grace_s: float = 0.0) -> None:
+        """Hand the GPUs back: cut routing, let the running requests finish for up to ``grace_s``
+        seconds (the policy's ``deactivate_grace_s``), abort and drain the rest, sleep, onload the trainer."""
         async with self._lock, no_full_collection():
             self._require(ControllerState.HYBRID_ACTIVE, action="deactivate")
             t0 = self._now()
@@ -550,6 +554,12 @@ class Controller:
             replicas = list(self.active)
             # One capacity change for all of them, not one per replica.
             self.balancer.remove_replicas([r.replica_id for r in replicas if self.balancer.has_replica(r.replica_id)])
+            if grace_s > 0:
+                ts = self._now()
+                self.last_grace_finished = await self._grace(replicas, grace_s)
+                waited += self._now() - ts
+            else:
+                self.last_grace_finished = 0
 
             async def abort_and_drain(r: Replica) -> None:
                 if self.balancer.can_batch_abort(r):
@@ -580,6 +590,19 @@ class Controller:
                 self.last_deactivate_duration_s = self._now() - t0
                 self.overhead_s += max(0.0, self.last_deactivate_duration_s - waited)
                 self._set(ControllerState.STANDALONE_ONLY)
+
+    async def _grace(self, replicas: list[Replica], grace_s: float) -> int:
+        """Wait up to ``grace_s`` seconds for the requests running on ``replicas`` (out of routing)
+        to finish on their own; return how many did. Those still running are aborted next."""
+        before = sum(self.balancer.in_flight(r.replica_id) for r in replicas)
+        if not before:
+            return 0
+        idle = asyncio.gather(*(self.balancer.wait_idle(r.replica_id) for r in replicas))
+        try:
+            await asyncio.wait_for(idle, grace_s)
+        except TimeoutError:
+            pass  # the tail that did not finish in time is aborted as without a grace
+        return before - sum(self.balancer.in_flight(r.replica_id) for r in replicas)
 
     async def rebalance(self) -> int:
         """Move just enough in-flight requests onto the least loaded replicas; return how many."""

@@ -3,8 +3,10 @@
 One sync cycle, in order (``g`` = global_steps before the cycle):
 
 1. ``should_deactivate(ctx)`` (only asked while hybrid replicas are active). If yes:
-   ``deactivate_wait_samples(ctx)`` (clamped by :mod:`~dynres.runtime.loop.decisions`); wait
-   until the queue holds that many samples (``wait_for_enough_samples``), then deactivate.
+   ``deactivate_wait_samples(ctx)`` and ``deactivate_grace_s(ctx)`` (both clamped by
+   :mod:`~dynres.runtime.loop.decisions`); wait until the queue holds that many samples
+   (``wait_for_enough_samples``), then deactivate, letting the hybrids' running requests finish
+   for up to the grace before the rest are aborted.
 2. ``trigger_parameter_sync_step`` collections. Each waits for ``required_samples`` fresh
    samples (recording the wait time and ``max(0, required - queue size when the wait began)``)
    and runs one ``train_step``. Training needs the trainer's GPUs, so if the hybrid replicas are
@@ -133,6 +135,7 @@ class _Cycle:
     wait_target: int | None = None
     deactivate_wait_s: float = 0.0
     deactivate_s: float = 0.0
+    grace_finished: int = 0
     collections: list[_Collection] = field(default_factory=list)
     train_call_s: float = 0.0
     train_metrics: dict[str, float] = field(default_factory=dict)
@@ -220,6 +223,8 @@ class TrainerLoop:
             return
         wrec = await w.guard.decide("deactivate_wait_samples", ctx)
         c.decisions.append(wrec)
+        grec = await w.guard.decide("deactivate_grace_s", ctx)
+        c.decisions.append(grec)
         target = c.wait_target = int(wrec.value)
         t0 = w.now()
         # Near the end of a run the queue may never reach the target: stop waiting once it
@@ -229,8 +234,9 @@ class TrainerLoop:
         )
         c.deactivate_wait_s = w.now() - t0
         w.tracker.hybrid_stopping()
-        await w.controller.deactivate()
+        await w.controller.deactivate(float(grec.value))
         c.deactivate_s = w.controller.last_deactivate_duration_s
+        c.grace_finished = w.controller.last_grace_finished
 
     async def _collect(self, c: _Cycle) -> None:
         """Step 2: trigger_parameter_sync_step collections, one train_step each."""
@@ -431,6 +437,7 @@ class TrainerLoop:
             weight_version=self.version,
             activate_duration_s=w.controller.last_activate_duration_s if c.activated else 0.0,
             deactivate_duration_s=c.deactivate_s,
+            grace_finished_requests=c.grace_finished,
             train_metrics=c.train_metrics,
             decisions=c.decisions,
             weight_sync_s=c.sync_s,

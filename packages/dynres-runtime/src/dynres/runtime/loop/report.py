@@ -68,7 +68,10 @@ class CycleReport:
     activate_duration_s: float
     """Duration of the activation after this cycle's sync (seconds; 0 = none)."""
     deactivate_duration_s: float
-    """Duration of this cycle's deactivation (seconds; 0 = none)."""
+    """Duration of this cycle's deactivation, the policy's grace included (seconds; 0 = none)."""
+    grace_finished_requests: int = 0
+    """Requests that finished on the hybrids during the deactivation's grace instead of being
+    aborted (count; 0 without a grace)."""
     train_metrics: dict[str, float] = field(default_factory=dict)
     """The train engine's metrics of the cycle's last fit step."""
     decisions: list[DecisionRecord] = field(default_factory=list)
@@ -114,6 +117,7 @@ class CycleReport:
             weight_version=self.weight_version,
             activate_duration_s=self.activate_duration_s,
             deactivate_duration_s=self.deactivate_duration_s,
+            grace_finished_requests=self.grace_finished_requests,
             weight_sync_s=self.weight_sync_s,
             train_step_times=list(self.train_step_times),
         )
