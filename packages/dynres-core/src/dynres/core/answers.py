@@ -12,11 +12,12 @@ method                          type        range      safe fallback (applied by
 ==============================  ==========  =========  =====================================
 
 A ``float`` answer is a finite real number (an ``int`` or a numpy real scalar counts and is
-converted; a ``bool`` does not). One rule for both: a numpy boolean or integer scalar (0-d, e.g. ``numpy.bool_`` from
-``arr.mean() > x``) counts as ``bool`` or ``int`` and is normalised to the Python type, so what
-the runtime acts on and what a recorded trace holds is plain JSON. A Python ``bool`` is not an
-``int`` here (``True`` samples to wait for is a bug), and neither is a float, integral or not.
-numpy is recognised by the value's module and dtype, so this module does not import it.
+converted to ``float``; a ``bool`` does not). One rule for every kind: a numpy boolean or integer
+scalar (0-d, e.g. ``numpy.bool_`` from ``arr.mean() > x``) counts as ``bool`` or ``int`` and is
+normalised to the Python type, so what the runtime acts on and what a recorded trace holds is
+plain JSON. A Python ``bool`` is not an ``int`` here (``True`` samples to wait for is a bug), and
+neither is a float, integral or not. numpy is recognised by the value's module and dtype, so this
+module does not import it.
 """
 
 from __future__ import annotations

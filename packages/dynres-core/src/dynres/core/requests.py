@@ -115,7 +115,7 @@ def check_route_answer(value: Any, replicas: Sequence[ReplicaLoad]) -> tuple[str
 
 
 def _is_real(value: Any) -> bool:
-    # int, float and numpy's real scalars (by module and a float() conversion), without importing numpy.
+    # int, float and numpy's real scalars (recognised by module and dtype kind), without importing numpy.
     if isinstance(value, int | float):
         return True
     return type(value).__module__ == "numpy" and hasattr(value, "dtype") and value.dtype.kind in "iuf"
