@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Literal
 if TYPE_CHECKING:
     from dynres.core.context import ScheduleContext
 
-__all__ = ["ANSWERS", "AnswerSpec", "CheckedAnswer", "check_answer", "clamp_answer", "safe_answer"]
+__all__ = ["ANSWERS", "AnswerSpec", "CheckedAnswer", "check_answer", "clamp_answer", "is_real_number", "safe_answer"]
 
 
 @dataclass(frozen=True)
@@ -92,7 +92,7 @@ def check_answer(method: str, value: Any) -> CheckedAnswer:
                 return CheckedAnswer(number, True, f"expected {spec.describe()}, got {number}")
             return CheckedAnswer(number, True, "")
     elif spec.kind == "float":
-        if (isinstance(value, int | float) and not isinstance(value, bool)) or _numpy_kind(value) in ("i", "u", "f"):
+        if is_real_number(value):
             seconds = float(value)
             if not math.isfinite(seconds):
                 return CheckedAnswer(seconds, True, f"expected a finite {spec.describe()}, got {seconds}")
@@ -150,6 +150,11 @@ def type_name(value: Any) -> str:
     """The type of ``value`` as an error message shows it: ``int``, ``numpy.float64``."""
     t = type(value)
     return t.__name__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
+
+
+def is_real_number(value: Any) -> bool:
+    """True for an ``int``, a ``float`` or a 0-d numpy integer or float scalar; never for a ``bool``."""
+    return (isinstance(value, int | float) and not isinstance(value, bool)) or _numpy_kind(value) in ("i", "u", "f")
 
 
 def _numpy_kind(value: Any) -> str:

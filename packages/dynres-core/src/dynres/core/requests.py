@@ -33,6 +33,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal, Protocol
 
+from dynres.core.answers import is_real_number
+
 __all__ = [
     "REQUEST_METHODS",
     "ReplicaLoad",
@@ -93,7 +95,7 @@ def check_length_answer(value: Any) -> tuple[float | None, str]:
     """``(tokens, '')`` for a valid ``predict_length`` answer (None included), else ``(None, reason)``."""
     if value is None:
         return None, ""
-    if isinstance(value, bool) or not _is_real(value):
+    if not is_real_number(value):
         return None, f"returned {type(value).__name__} {value!r}, expected a float >= 0 or None"
     number = float(value)
     if not math.isfinite(number) or number < 0:
@@ -112,13 +114,6 @@ def check_route_answer(value: Any, replicas: Sequence[ReplicaLoad]) -> tuple[str
             return value, ""
     shown = ", ".join(r.replica_id for r in replicas[:8]) + (", ..." if len(replicas) > 8 else "")
     return None, f"returned {value!r}, which is not routable now (routable: {shown})"
-
-
-def _is_real(value: Any) -> bool:
-    # int, float and numpy's real scalars (recognised by module and dtype kind), without importing numpy.
-    if isinstance(value, int | float):
-        return True
-    return type(value).__module__ == "numpy" and hasattr(value, "dtype") and value.dtype.kind in "iuf"
 
 
 @dataclass
