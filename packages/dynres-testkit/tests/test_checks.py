@@ -179,6 +179,24 @@ def test_policy_forms_and_labels(spec, label):
     checks.check_state_dict_json_round_trip(spec, max_examples=5)
 
 
+def test_a_policy_file_is_checked_as_everywhere_a_policy_is_named(tmp_path):
+    path = tmp_path / "mine.py"
+    path.write_text(
+        "from dynres.policies.default import DefaultPolicy\n"
+        "class Mine(DefaultPolicy):\n"
+        "    name = 'mine'\n"
+        "class RouteWithoutRequest(DefaultPolicy):\n"
+        "    name = 'route_without_request'\n"
+        "    def route(self):\n"
+        "        return None\n"
+    )
+    checks.check_policy_api(f"{path}:Mine")
+    checks.check_request_answers(f"{path}:Mine", max_examples=5)
+    # The file imports; its API defect is the check's finding, not an import error.
+    with pytest.raises(PolicyCheckFailure, match=r"check_policy_api\[.*mine.py:RouteWithoutRequest\]"):
+        checks.check_policy_api(f"{path}:RouteWithoutRequest")
+
+
 def test_instances_are_tested_with_their_params_and_not_touched():
     policy = FixedRatioPolicy({"deactivate_ratio": 0.97})
     # 0.97 x step_required stays within step_required + buffer, so it passes; the copy is used.
