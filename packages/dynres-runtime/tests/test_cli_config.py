@@ -101,7 +101,7 @@ def test_policy_from_a_file(tmp_path: Path) -> None:
 REPO = Path(__file__).resolve().parents[3]
 
 
-@pytest.mark.parametrize("name", ["fake-minimal.yaml", "tiny-grpo-cpu.yaml"])
+@pytest.mark.parametrize("name", ["fake-minimal.yaml", "tiny-grpo-cpu.yaml", "tiny-grpo-longtail-cpu.yaml"])
 def test_run_files_are_checked_as_run_files(name: str) -> None:
     code, out, err = _check(REPO / "examples" / name)
     assert code == 0, err

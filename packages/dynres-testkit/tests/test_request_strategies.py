@@ -34,6 +34,9 @@ def test_length_answers_are_finite_token_counts_or_none() -> None:
 
 def test_edge_requests_route_over_the_cycles_replicas() -> None:
     active = edge_requests(sample_context(num_standalone_replicas=2, num_hybrid_replicas=3, is_hybrid_active=True))
-    assert [len(r.replicas) for r in active] == [5] * 4
+    assert [len(r.replicas) for r in active] == [5] * 5
+    # One request comes with its prompt's earlier lengths, as a prompt source that names prompts gives.
+    assert [r.request_id for r in active if r.prompt_lengths] == ["seen-prompt"]
+    assert all((r.prompt_id is None) == (not r.prompt_lengths) for r in active)
     idle = edge_requests(sample_context(num_standalone_replicas=2, num_hybrid_replicas=3, is_hybrid_active=False))
     assert {r.kind for r in idle[0].replicas} == {"standalone"}

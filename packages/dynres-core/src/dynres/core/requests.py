@@ -85,6 +85,10 @@ class RequestContext:
     """Run-clock time of the routing (seconds since run start)."""
     predicted_tokens: float | None = None
     """``predict_length``'s answer for this routing (tokens; None: no prediction). ``route`` sees it."""
+    prompt_id: str | None = None
+    """The prompt's identity across epochs, when the prompt source gives one (None: unknown)."""
+    prompt_lengths: tuple[int, ...] = ()
+    """Lengths of finished responses of earlier samples with the same ``prompt_id``, oldest first (tokens)."""
 
     def replica_ids(self, kind: str | None = None) -> list[str]:
         """Ids of the routable replicas, of ``kind`` only when given ("standalone" or "hybrid")."""

@@ -45,6 +45,8 @@ class GenerationRequest:
     """Sampling seed, for reproducible generations."""
     extra: Mapping[str, Any] = field(default_factory=dict)
     """Backend-specific data (e.g. the simulator's modelled response length)."""
+    prompt_id: str | None = None
+    """The prompt's identity across epochs (PromptGroup.prompt_id; None: unknown)."""
 
     def resumed(self, partial_token_ids: Sequence[int], partial_logprobs: Sequence[float]) -> GenerationRequest:
         """Return a copy that resumes after ``partial_token_ids`` (all output so far)."""

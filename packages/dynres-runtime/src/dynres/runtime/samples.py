@@ -33,6 +33,9 @@ class PromptGroup:
     """Backend data shared by all responses (copied into each request's ``extra``)."""
     response_extra: Sequence[Mapping[str, Any]] | None = None
     """Per-response backend data (e.g. a simulated response length); one mapping per response."""
+    prompt_id: str | None = None
+    """The prompt's identity across epochs: groups of the same prompt share it, so a length
+    prediction can use the prompt's earlier response lengths (None: unknown)."""
 
     def __post_init__(self) -> None:
         """Check that ``n`` >= 1 and that ``response_extra`` has one entry per response."""
@@ -63,6 +66,7 @@ class PromptGroup:
                     max_tokens=self.max_tokens,
                     temperature=self.temperature,
                     extra=extra,
+                    prompt_id=self.prompt_id,
                 )
             )
         return out
@@ -111,6 +115,7 @@ def group_to_dict(g: PromptGroup) -> dict[str, Any]:
         "temperature": g.temperature,
         "extra": dict(g.extra),
         "response_extra": None if g.response_extra is None else [dict(e) for e in g.response_extra],
+        "prompt_id": g.prompt_id,
     }
 
 
@@ -124,6 +129,7 @@ def group_from_dict(d: Mapping[str, Any]) -> PromptGroup:
         temperature=float(d["temperature"]),
         extra=dict(d.get("extra") or {}),
         response_extra=d.get("response_extra"),
+        prompt_id=d.get("prompt_id"),
     )
 
 

@@ -397,7 +397,7 @@ MAX_TOKENS = 32768
 @st.composite
 def request_contexts(draw: st.DrawFn, *, max_replicas: int = 8) -> RequestContext:
     """Strategy for valid RequestContexts: 1 to ``max_replicas`` routable replicas of either kind,
-    a new or resumed request, and 0 to 8 finished siblings."""
+    a new or resumed request, 0 to 8 finished siblings and 0 to 8 earlier lengths of its prompt."""
     n = draw(st.integers(1, max_replicas))
     kind: st.SearchStrategy[Literal["standalone", "hybrid"]] = st.sampled_from(["standalone", "hybrid"])
     kinds = draw(st.lists(kind, min_size=n, max_size=n))
@@ -415,19 +415,27 @@ def request_contexts(draw: st.DrawFn, *, max_replicas: int = 8) -> RequestContex
             ReplicaLoad(f"{kind}-{i}", kind, load) for i, (kind, load) in enumerate(zip(kinds, loads, strict=True))
         ),
         now=draw(st.floats(0.0, 1e6, allow_nan=False)),
+        prompt_id=draw(st.none() | st.sampled_from(["p0", "p1"])),
+        prompt_lengths=tuple(draw(st.lists(st.integers(1, max_tokens), max_size=8))),
     )
 
 
 def edge_requests(ctx: ScheduleContext) -> list[RequestContext]:
     """Requests routed during the cycle ``ctx`` reports on, one of each kind a policy must answer:
-    new and resumed, with and without finished siblings, over the cycle's routable replicas
-    (standalone ones, plus the hybrid ones while they are active), with uneven loads."""
+    new and resumed, with and without finished siblings or earlier lengths of the prompt, over the
+    cycle's routable replicas (standalone ones, plus the hybrid ones while they are active), with
+    uneven loads."""
     replicas = [ReplicaLoad(f"standalone-{i}", "standalone", (7 * i) % 5) for i in range(ctx.num_standalone_replicas)]
     if ctx.is_hybrid_active or not replicas:
         replicas += [ReplicaLoad(f"hybrid-{i}", "hybrid", (3 * i) % 4) for i in range(max(1, ctx.num_hybrid_replicas))]
 
     def request(
-        rid: str, generated: int, attempt: int, siblings: tuple[int, ...], predicted: float | None = None
+        rid: str,
+        generated: int,
+        attempt: int,
+        siblings: tuple[int, ...],
+        predicted: float | None = None,
+        prompt: tuple[int, ...] = (),
     ) -> RequestContext:
         return RequestContext(
             request_id=rid,
@@ -440,6 +448,8 @@ def edge_requests(ctx: ScheduleContext) -> list[RequestContext]:
             replicas=tuple(replicas),
             now=ctx.now,
             predicted_tokens=predicted,
+            prompt_id="p0" if prompt else None,
+            prompt_lengths=prompt,
         )
 
     return [
@@ -447,4 +457,5 @@ def edge_requests(ctx: ScheduleContext) -> list[RequestContext]:
         request("resumed", 3000, 2, ()),
         request("sibling", 0, 0, (40, 7000, 8192)),
         request("predicted", 100, 1, (1,), predicted=0.0),
+        request("seen-prompt", 0, 0, (), prompt=(8192, 12, 8192)),
     ]

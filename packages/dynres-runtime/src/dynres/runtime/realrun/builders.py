@@ -72,22 +72,31 @@ def build_trainer(*, engine: str, options: Mapping[str, Any], model_path: str | 
 
 def prompt_groups(cfg: RunConfig, start: int = 0) -> Iterator[Any]:
     """Endless prompt groups of the toy task: ``task.num_prompts`` prompts, cycled, ids unique
-    (``s<k>`` for the k-th group); ``start``: begin at group ``start`` (a resumed run's position)."""
-    from dynres.runtime.realrun.tiny_task import make_prompts
+    (``s<k>`` for the k-th group, prompt ``p<i>``); ``start``: begin at group ``start`` (a resumed
+    run's position). With ``task.length_median`` each prompt has its own response limit."""
+    from dynres.runtime.realrun.tiny_task import make_prompts, prompt_token_limits
     from dynres.runtime.samples import PromptGroup
 
     task = cfg.task
     prompts = make_prompts(
         task.num_prompts, length=task.prompt_length, vocab_size=cfg.tiny_spec().vocab_size, seed=cfg.run.seed
     )
+    if task.length_median is None:
+        limits = [task.max_tokens] * len(prompts)
+    else:
+        limits = prompt_token_limits(
+            len(prompts), median=task.length_median, sigma=task.length_sigma, cap=task.max_tokens, seed=cfg.run.seed
+        )
     n = cfg.actor_rollout_ref.rollout.n
     for k in itertools.count(start):
+        i = k % len(prompts)
         yield PromptGroup(
             sample_id=f"s{k}",
-            prompt_token_ids=prompts[k % len(prompts)],
+            prompt_token_ids=prompts[i],
             n=n,
-            max_tokens=task.max_tokens,
+            max_tokens=limits[i],
             temperature=task.temperature,
+            prompt_id=f"p{i}",
         )
 
 

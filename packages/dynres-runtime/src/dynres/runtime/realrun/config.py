@@ -129,6 +129,24 @@ class TaskSection(StrictModel):
     prompt_length: int = Field(8, ge=2, description="Tokens per prompt, rule token included (count).")
     max_tokens: int = Field(16, ge=1, description="Tokens per response at most (count).")
     temperature: float = Field(1.0, ge=0.0, description="Sampling temperature (0 = greedy).")
+    length_median: int | None = Field(
+        None,
+        ge=1,
+        description="Long-tail task: each prompt gets its own response limit, lognormal around this median "
+        "and capped at max_tokens, the same in every epoch (tokens; null: every response may run to max_tokens).",
+    )
+    length_sigma: float = Field(
+        1.0, ge=0.0, le=3.0, description="Spread of the long-tail task's per-prompt limits: std of log(length) (nats)."
+    )
+
+    @model_validator(mode="after")
+    def _median_within_limit(self) -> TaskSection:
+        if self.length_median is not None and self.length_median > self.max_tokens:
+            raise ValueError(
+                f"task.length_median={self.length_median} exceeds task.max_tokens={self.max_tokens}, which caps "
+                "every response; lower length_median or raise max_tokens"
+            )
+        return self
 
 
 class RunConfig(DynresConfig):

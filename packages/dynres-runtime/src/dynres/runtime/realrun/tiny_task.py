@@ -15,6 +15,7 @@ clear signal to climb.
 from __future__ import annotations
 
 import json
+import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -125,6 +126,14 @@ def make_prompts(n: int, *, length: int = 8, vocab_size: int = 512, seed: int = 
         # Body tokens avoid the special ids 0..2 so the rule token stays unambiguous.
         prompts.append([rule] + [rng.randrange(3, vocab_size) for _ in range(length - 1)])
     return prompts
+
+
+def prompt_token_limits(n: int, *, median: int, sigma: float, cap: int, seed: int = 0) -> list[int]:
+    """Per-prompt response lengths of the long-tail task (tokens): ``min(cap, max(1, round(median x
+    exp(sigma x Z))))`` with ``Z`` standard normal, one draw per prompt, so a prompt's responses are
+    as long in every epoch while lengths across prompts are lognormal (heavy-tailed up to ``cap``)."""
+    rng = random.Random(f"lengths-{seed}")  # its own stream: the prompts stay those of make_prompts(seed)
+    return [min(cap, max(1, round(median * math.exp(sigma * rng.gauss(0.0, 1.0))))) for _ in range(n)]
 
 
 def parity_reward(prompt_token_ids: Sequence[int], response_token_ids: Sequence[int]) -> float:

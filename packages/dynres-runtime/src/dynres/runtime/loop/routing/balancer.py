@@ -451,7 +451,7 @@ class LoadBalancer:
                     self.counters.duplicates += 1
                 self.counters.completed += 1
                 if decider is not None:
-                    decider.finished(req.sample_id, len(result.token_ids))
+                    decider.finished(req.sample_id, len(result.token_ids), req.prompt_id)
                 return result
             self.counters.aborted += 1
             if self._draining:
