@@ -50,12 +50,12 @@ def run_one(config: str, policy: str, steps: int | None, out: Path) -> dict:
     cfg = load_run_config(config, overrides)
     t0 = time.perf_counter()
     try:
-        outcome = execute(cfg, out / policy, plots=False)
+        outcome = execute(cfg, out / folder_name(policy), plots=False)
     finally:
         shutil.rmtree(ray_tmp, ignore_errors=True)
     wall = time.perf_counter() - t0
     rep = outcome.report
-    records = [json.loads(x) for x in (out / policy / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(x) for x in (out / folder_name(policy) / "metrics.jsonl").read_text().splitlines()]
     rewards = [r["cycle_mean/reward/mean"] for r in records if "cycle_mean/reward/mean" in r]
     return {
         "policy": policy,
@@ -70,6 +70,11 @@ def run_one(config: str, policy: str, steps: int | None, out: Path) -> dict:
         "wall_s": wall,
         "engines_start_s": outcome.backend.get("engines_start_s"),
     }
+
+
+def folder_name(policy: str) -> str:
+    """The run folder of ``policy``: its name, or for ``module:Class`` and ``path/file.py:Class`` the class name."""
+    return policy.rsplit(":", 1)[-1] if ":" in policy else policy
 
 
 def rounds(policies: list[str], repeats: int) -> list[list[str]]:
@@ -99,7 +104,7 @@ def summarize(runs: list[dict], policies: list[str]) -> tuple[list[dict], list[s
             a = next(x for x in by_policy[base] if x["round"] == r)
             b = next(x for x in by_policy[p] if x["round"] == r)
             ratios.append(b["end_to_end_s"] / a["end_to_end_s"] - 1.0)
-        line = f"{p} vs {base}: end-to-end {median(ratios) * 100:+.1f}%"
+        line = f"{folder_name(p)} vs {folder_name(base)}: end-to-end {median(ratios) * 100:+.1f}%"
         if len(ratios) > 1:
             spread = f"{min(ratios) * 100:+.1f}% .. {max(ratios) * 100:+.1f}%"
             line += f" (median of {len(ratios)} rounds; per round {spread})"
@@ -145,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     print("-" * len(head))
     for r in table:
         print(
-            f"{r['policy']:<20} {r['end_to_end_s']:>12.2f} "
+            f"{folder_name(r['policy']):<20} {r['end_to_end_s']:>12.2f} "
             f"{r['end_to_end_min_s']:>6.2f}-{r['end_to_end_max_s']:<6.2f} {r['mean_cycle_s']:>8.2f} "
             f"{r['activations']:>5g}/{r['deactivations']:<5g} {r['wait_s']:>7.2f} {r['utilization']:>5.2f} "
             f"{r['reward_last3']:>13.3f} {r['wall_s']:>7.1f}"
