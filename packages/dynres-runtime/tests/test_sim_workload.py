@@ -67,6 +67,27 @@ def test_lengths_lognormal_capped_correlated_and_growing() -> None:
     assert LengthOracle(cfg, n=8, step_required_samples=100, seed=4).sample(5) != oracle.sample(5)
 
 
+def test_a_prompt_pool_gives_each_prompt_its_length_scale_in_every_epoch() -> None:
+    base = dict(median_tokens=500, sigma=1.0, max_tokens=8000, growth_per_step=0.0)
+    # Fully group-correlated lengths: a sample's responses all have its prompt's length.
+    pooled = LengthOracle(
+        ResponseLengthConfig(**base, group_correlation=1.0, prompt_pool=50), n=4, step_required_samples=100, seed=3
+    )
+    assert [pooled.sample(i) for i in range(50)] == [pooled.sample(i + 150) for i in range(50)]
+    assert len({pooled.sample(i) for i in range(50)}) > 40  # the prompts still differ from each other
+    assert (pooled.prompt_id(0), pooled.prompt_id(57)) == ("p0", "p7")
+    # Without a pool every sample is a new prompt, with lengths exactly as before the pool existed.
+    fresh = LengthOracle(ResponseLengthConfig(**base, group_correlation=1.0), n=4, step_required_samples=100, seed=3)
+    assert fresh.prompt_id(0) is None and fresh.sample(0) != fresh.sample(50)
+    # The per-response draws are the pool-free run's: at correlation 0 the pool changes nothing.
+    independent = {"group_correlation": 0.0}
+    a = LengthOracle(
+        ResponseLengthConfig(**base, **independent, prompt_pool=50), n=4, step_required_samples=100, seed=3
+    )
+    b = LengthOracle(ResponseLengthConfig(**base, **independent), n=4, step_required_samples=100, seed=3)
+    assert [a.sample(i) for i in range(600)] == [b.sample(i) for i in range(600)]
+
+
 def test_median_growth_formula() -> None:
     assert median_at_step(1000, 0.1, 0) == 1000
     assert median_at_step(1000, 0.1, 2) == pytest.approx(1210)

@@ -224,6 +224,7 @@ def prompt_groups(scenario: Scenario, oracle: LengthOracle) -> Iterator[PromptGr
             n=n,
             max_tokens=max_tokens,
             response_extra=[{RESPONSE_TOKENS_KEY: length} for length in lengths],
+            prompt_id=oracle.prompt_id(i),
         )
         i += 1
 

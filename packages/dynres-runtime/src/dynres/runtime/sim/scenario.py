@@ -94,6 +94,13 @@ class ResponseLengthConfig(StrictModel):
         le=1.0,
         description="Multiplicative growth of the median per sync cycle (fraction per step; 0.004 = +0.4%/step).",
     )
+    prompt_pool: int = Field(
+        0,
+        ge=0,
+        description="Distinct prompts, cycled over: sample i asks prompt i mod prompt_pool, whose group-common "
+        "length draw is the same in every epoch, so a prompt's earlier lengths predict the next (count; 0 = every "
+        "sample is a new prompt).",
+    )
 
 
 class DecodeConfig(StrictModel):

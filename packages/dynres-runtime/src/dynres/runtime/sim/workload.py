@@ -15,6 +15,9 @@ request fraction.
 
    so each length is lognormal(m_k, sigma) before the cap and two responses of one group share
    ``rho`` of their log-variance. Lengths depend only on (seed, i): every policy gets the same work.
+   With a prompt pool of ``P`` prompts (``response.prompt_pool``), sample ``i`` asks prompt
+   ``i mod P`` and ``Z_i`` is that prompt's, drawn once per run: a prompt keeps its length scale
+   in every epoch, as a dataset does.
 2. **Decode speed**: the ``c`` requests on a replica share its throughput equally::
 
        tput(c)   = peak * c / (c + c_half)        aggregate tokens/s, saturating at peak
@@ -109,16 +112,32 @@ class LengthOracle:
         self.step_required_samples = step_required_samples
         self.seed = seed
         self._blocks: dict[int, list[tuple[int, ...]]] = {}
+        self._prompt_z: np.ndarray | None = None
 
     def _block(self, b: int) -> list[tuple[int, ...]]:
         rng = np.random.default_rng([self.seed, b])
         z_group = rng.standard_normal(self.BLOCK)
         z_resp = rng.standard_normal((self.BLOCK, self.n))
         idx = np.arange(b * self.BLOCK, (b + 1) * self.BLOCK)
+        pool = self.cfg.prompt_pool
+        if pool:
+            # The group-common draw belongs to the prompt, not the sample. It comes from a stream of
+            # its own, so the per-response draws stay those of the same run without a pool.
+            z_group = self._prompt_normals()[idx % pool]
         steps = idx // self.step_required_samples
         log_median = math.log(self.cfg.median_tokens) + steps * math.log1p(self.cfg.growth_per_step)
         arr = lengths_from_normals(log_median, z_group, z_resp, self.cfg)
         return [tuple(int(v) for v in row) for row in arr]
+
+    def _prompt_normals(self) -> np.ndarray:
+        if self._prompt_z is None:
+            self._prompt_z = np.random.default_rng([self.seed, 1 << 32]).standard_normal(self.cfg.prompt_pool)
+        return self._prompt_z
+
+    def prompt_id(self, index: int) -> str | None:
+        """The prompt sample ``index`` asks (``p<i mod prompt_pool>``), None without a pool."""
+        pool = self.cfg.prompt_pool
+        return f"p{index % pool}" if pool else None
 
     def sample(self, index: int) -> tuple[int, ...]:
         """The ``n`` response lengths of sample ``index`` (tokens each)."""
