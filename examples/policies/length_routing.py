@@ -8,8 +8,10 @@ Use it by path, as any policy file::
 It predicts a response's length from what the runtime saw of the same prompt (its earlier samples,
 ``RequestContext.prompt_lengths``) and of the same sample (finished siblings), and keeps the
 responses predicted long off the hybrid replicas: a hybrid is aborted at its next deactivation,
-so a long response started there is likely cut, and its work is redone elsewhere (all of it
-without partial rollout). Everything else keeps the built-in rule (fewest requests in flight). Switching is verl's
+so a long response started there is likely cut. Only without partial rollout does the cut lose
+the response's tokens (with it, the response resumes elsewhere and a hybrid's speed is worth more
+than the re-prefill), so only then does it route. Everything else keeps the built-in rule (fewest
+requests in flight). Switching is verl's
 `default` rule unchanged, so a comparison with `default` isolates the routing.
 """
 
@@ -63,10 +65,10 @@ class LengthRouting(DefaultPolicy):
         return max(fmean(seen), float(request.generated_tokens))
 
     def route(self, request: RequestContext) -> str | None:
-        """The least-loaded standalone replica for a response predicted long while hybrids are routable;
-        None (the built-in rule) otherwise."""
+        """The least-loaded standalone replica for a response predicted long while hybrids are routable
+        and a cut would lose its tokens (no partial rollout); None (the built-in rule) otherwise."""
         predicted = request.predicted_tokens
-        if predicted is None:
+        if predicted is None or request.partial_rollout:
             return None
         # The running mean of every prediction is the scale "long" is measured against: it follows the
         # workload without a per-run token threshold.

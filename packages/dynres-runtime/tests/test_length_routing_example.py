@@ -1,6 +1,6 @@
-"""The length-aware example policy (examples/policies/length_routing.py): responses its prompt's
-history predicts long stay off the hybrid replicas, short ones still reach them; it passes the
-conformance suite."""
+"""The length-aware example policy (examples/policies/length_routing.py): without partial rollout,
+responses its prompt's history predicts long stay off the hybrid replicas, short ones still reach
+them; with partial rollout it routes as the built-in rule; it passes the conformance suite."""
 
 from __future__ import annotations
 
@@ -39,13 +39,15 @@ class _Replica:
         return GenerationResult(req.request_id, [1] * n, [0.0] * n, "stop", self.replica_id)
 
 
-def _run(policy) -> dict[str, _Replica]:
+def _run(policy, *, partial_rollout: bool = False) -> dict[str, _Replica]:
     bound = BoundPolicy(policy, get_plugin_manager(load_plugins=False))
     replicas = {
         "standalone": _Replica("standalone-0", ReplicaKind.STANDALONE),
         "hybrid": _Replica("hybrid-0", ReplicaKind.HYBRID),
     }
-    decider = RequestDecider(bound, now=lambda: 0.0) if bound.decides_requests else None
+    decider = (
+        RequestDecider(bound, now=lambda: 0.0, partial_rollout=partial_rollout) if bound.decides_requests else None
+    )
     lb = LoadBalancer(seed=0, decider=decider)
     lb.add_replicas(list(replicas.values()))  # type: ignore[arg-type]  # generate() is all routing needs
 
@@ -83,8 +85,37 @@ def test_long_responses_stay_off_the_hybrids_once_their_prompt_was_seen() -> Non
     assert _later_epochs(routed["hybrid"], "p-short") > 0
 
 
+def test_with_partial_rollout_it_routes_as_the_built_in_rule() -> None:
+    # A cut response resumes elsewhere then, so keeping it off the hybrid saves nothing.
+    routed = _run(resolve_policy_class(SPEC)(), partial_rollout=True)
+    built_in = _run(DefaultPolicy())
+    for kind in ("standalone", "hybrid"):
+        assert [r.request_id for r in routed[kind].served] == [r.request_id for r in built_in[kind].served]
+
+
 def test_the_example_passes_the_conformance_suite() -> None:
     from dynres.testkit.checks import check_policy
 
     results = check_policy(SPEC, end_to_end=False, max_examples=10)
     assert results and all(r.status == "passed" for r in results), [r for r in results if r.status != "passed"]
+
+
+def test_in_the_simulator_it_loses_less_work_without_partial_rollout_and_nothing_changes_with_it() -> None:
+    from dynres.runtime.sim import simulate
+
+    policy = resolve_policy_class(SPEC)
+    # Prompts that come back (64 of them, cycled) make a prompt's history a prediction.
+    pooled = {"steps": 4, "workload.response.prompt_pool": 64}
+    base = simulate("seed-no-partial-16-16", overrides=pooled)
+    routed = simulate("seed-no-partial-16-16", policy=policy, overrides=pooled)
+    decisions = routed.report.request_decisions
+    assert decisions is not None and decisions.routed > 0
+    assert routed.gap_causes["lost_work"] < 0.9 * base.gap_causes["lost_work"]
+    assert routed.end_to_end_s < base.end_to_end_s
+    assert routed.report.samples.consumed == base.report.samples.consumed and routed.report.samples.duplicates == 0
+    # With partial rollout a cut response resumes elsewhere: the run is the built-in one.
+    with_partial = {"steps": 4, "workload.response.prompt_pool": 64}
+    assert (
+        simulate("seed-dynamic-16-16", policy=policy, overrides=with_partial).end_to_end_s
+        == simulate("seed-dynamic-16-16", overrides=with_partial).end_to_end_s
+    )

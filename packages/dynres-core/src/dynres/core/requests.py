@@ -89,6 +89,9 @@ class RequestContext:
     """The prompt's identity across epochs, when the prompt source gives one (None: unknown)."""
     prompt_lengths: tuple[int, ...] = ()
     """Lengths of finished responses of earlier samples with the same ``prompt_id``, oldest first (tokens)."""
+    partial_rollout: bool = True
+    """True when an aborted request resumes from its output elsewhere; False when it starts over, so
+    a request cut on a hybrid at its deactivation loses what it generated (the run's setting)."""
 
     def replica_ids(self, kind: str | None = None) -> list[str]:
         """Ids of the routable replicas, of ``kind`` only when given ("standalone" or "hybrid")."""

@@ -417,6 +417,7 @@ def request_contexts(draw: st.DrawFn, *, max_replicas: int = 8) -> RequestContex
         now=draw(st.floats(0.0, 1e6, allow_nan=False)),
         prompt_id=draw(st.none() | st.sampled_from(["p0", "p1"])),
         prompt_lengths=tuple(draw(st.lists(st.integers(1, max_tokens), max_size=8))),
+        partial_rollout=draw(st.booleans()),
     )
 
 
@@ -450,6 +451,7 @@ def edge_requests(ctx: ScheduleContext) -> list[RequestContext]:
             predicted_tokens=predicted,
             prompt_id="p0" if prompt else None,
             prompt_lengths=prompt,
+            partial_rollout=not prompt,  # the request with a history is also one whose cut loses its work
         )
 
     return [
