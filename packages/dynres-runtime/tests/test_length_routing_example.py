@@ -45,10 +45,8 @@ def _run(policy, *, partial_rollout: bool = False) -> dict[str, _Replica]:
         "standalone": _Replica("standalone-0", ReplicaKind.STANDALONE),
         "hybrid": _Replica("hybrid-0", ReplicaKind.HYBRID),
     }
-    decider = (
-        RequestDecider(bound, now=lambda: 0.0, partial_rollout=partial_rollout) if bound.decides_requests else None
-    )
-    lb = LoadBalancer(seed=0, decider=decider)
+    decider = RequestDecider(bound, now=lambda: 0.0) if bound.decides_requests else None
+    lb = LoadBalancer(seed=0, partial_rollout=partial_rollout, decider=decider)
     lb.add_replicas(list(replicas.values()))  # type: ignore[arg-type]  # generate() is all routing needs
 
     async def epoch(e: int) -> None:

@@ -151,9 +151,7 @@ class FullyAsyncRun:
             partial_rollout=at.partial_rollout,
             on_change=lambda: self.rollouter.on_capacity_change(),
             on_replica_failure=lambda rid, exc: self.controller.on_replica_failure(rid, exc),
-            decider=RequestDecider(self.policy, now, partial_rollout=at.partial_rollout)
-            if self.policy.decides_requests
-            else None,
+            decider=RequestDecider(self.policy, now) if self.policy.decides_requests else None,
         )
         self.queue = MessageQueue(
             max_req,

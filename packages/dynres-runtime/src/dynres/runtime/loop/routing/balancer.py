@@ -415,7 +415,8 @@ class LoadBalancer:
                 replica = self.route(req.request_id)
             else:
                 replica = self.route(
-                    req.request_id, partial(decider.choose, req, attempt, self._replicas, self._index.count)
+                    req.request_id,
+                    partial(decider.choose, req, attempt, self._replicas, self._index.count, self.partial_rollout),
                 )
             att = attempts[req.request_id] = Attempt(replica.replica_id, task)
             try:

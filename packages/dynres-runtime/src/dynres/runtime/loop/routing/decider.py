@@ -34,13 +34,11 @@ LENGTHS_PER_PROMPT = 16
 class RequestDecider:
     """Asks the bound policy where a request goes; None leaves the choice to the built-in rule."""
 
-    def __init__(self, policy: BoundPolicy, now: Callable[[], float], *, partial_rollout: bool = True) -> None:
-        """Ask ``policy``; ``now`` is the run clock (seconds since run start) put in each context;
-        ``partial_rollout``: whether an aborted request resumes from its output (the run's setting)."""
+    def __init__(self, policy: BoundPolicy, now: Callable[[], float]) -> None:
+        """Ask ``policy``; ``now`` is the run clock (seconds since run start) put in each context."""
         self.decisions = RequestDecisions(policy, logger)
         """The checked calls of the policy's request decisions."""
         self._now = now
-        self._partial_rollout = partial_rollout
         self._siblings: OrderedDict[str, list[int]] = OrderedDict()
         # Per prompt, (sample id, length) of its last finished responses: the context leaves out
         # the request's own sample, whose lengths are its siblings.
@@ -77,12 +75,18 @@ class RequestDecider:
         return tuple(n for sid, n in self._prompts.get(req.prompt_id, ()) if sid != req.sample_id)
 
     def choose(
-        self, req: GenerationRequest, attempt: int, replicas: Mapping[str, Replica], in_flight: Mapping[str, int]
+        self,
+        req: GenerationRequest,
+        attempt: int,
+        replicas: Mapping[str, Replica],
+        in_flight: Mapping[str, int],
+        partial_rollout: bool,
     ) -> str | None:
         """The replica id the policy chooses for ``req`` among ``replicas`` (None: the built-in rule).
 
         :param attempt: earlier attempts of the request (count).
         :param in_flight: routable replica id -> requests running on it (count).
+        :param partial_rollout: whether an aborted request resumes from its output (the balancer's setting).
         """
         return self.decisions.choose(
             RequestContext(
@@ -97,6 +101,6 @@ class RequestDecider:
                 now=self._now(),
                 prompt_id=req.prompt_id,
                 prompt_lengths=self.prompt_lengths(req),
-                partial_rollout=self._partial_rollout,
+                partial_rollout=partial_rollout,
             )
         )
