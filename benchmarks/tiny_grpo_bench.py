@@ -48,14 +48,15 @@ def run_one(config: str, policy: str, steps: int | None, out: Path) -> dict:
     if steps is not None:
         overrides["run.steps"] = steps
     cfg = load_run_config(config, overrides)
+    run_dir = out / folder_name(policy)
     t0 = time.perf_counter()
     try:
-        outcome = execute(cfg, out / folder_name(policy), plots=False)
+        outcome = execute(cfg, run_dir, plots=False)
     finally:
         shutil.rmtree(ray_tmp, ignore_errors=True)
     wall = time.perf_counter() - t0
     rep = outcome.report
-    records = [json.loads(x) for x in (out / folder_name(policy) / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     rewards = [r["cycle_mean/reward/mean"] for r in records if "cycle_mean/reward/mean" in r]
     return {
         "policy": policy,

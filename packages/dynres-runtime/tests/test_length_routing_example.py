@@ -112,8 +112,7 @@ def test_in_the_simulator_it_loses_less_work_without_partial_rollout_and_nothing
     assert routed.end_to_end_s < base.end_to_end_s
     assert routed.report.samples.consumed == base.report.samples.consumed and routed.report.samples.duplicates == 0
     # With partial rollout a cut response resumes elsewhere: the run is the built-in one.
-    with_partial = {"steps": 4, "workload.response.prompt_pool": 64}
     assert (
-        simulate("seed-dynamic-16-16", policy=policy, overrides=with_partial).end_to_end_s
-        == simulate("seed-dynamic-16-16", overrides=with_partial).end_to_end_s
+        simulate("seed-dynamic-16-16", policy=policy, overrides=pooled).end_to_end_s
+        == simulate("seed-dynamic-16-16", overrides=pooled).end_to_end_s
     )
