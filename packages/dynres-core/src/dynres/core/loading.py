@@ -209,12 +209,22 @@ def resolve_policy_class(spec: str | type[Policy]) -> type[Policy]:
     claimed = resolve_by_plugin(spec)
     if claimed is not None:
         return claimed
-    head = spec.rpartition(":")[0]
-    if head.endswith(".py"):
-        obj = import_from_file(spec, what="policy")
-        return validate_policy_class(obj, where=f"file path {spec!r}")
-    obj = import_object(spec, what="policy", error=PolicyImportError, hint=_policy_import_hint(spec))
-    return validate_policy_class(obj, where=f"import path {spec!r}")
+    kind = "file path" if _names_a_file(spec) else "import path"
+    return validate_policy_class(import_policy_path(spec), where=f"{kind} {spec!r}")
+
+
+def _names_a_file(spec: str) -> bool:
+    return spec.rpartition(":")[0].endswith(".py")
+
+
+def import_policy_path(spec: str) -> Any:
+    """Import what ``module:Class`` or ``path/to/file.py:Class`` names, without validating it as a policy.
+
+    Raises PolicyImportError naming the spec and the fix when the module or file does not import.
+    """
+    if _names_a_file(spec):
+        return import_from_file(spec, what="policy")
+    return import_object(spec, what="policy", error=PolicyImportError, hint=_policy_import_hint(spec))
 
 
 VERL_PREFIX = "verl:"

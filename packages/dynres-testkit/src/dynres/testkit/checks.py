@@ -186,7 +186,7 @@ def _import_unvalidated(spec: str) -> object:
     # API defect of a class found by name or path.
     from importlib.metadata import EntryPoint
 
-    from dynres.core.loading import POLICIES_GROUP, import_from_file, import_object, policy_entry, resolve_by_plugin
+    from dynres.core.loading import POLICIES_GROUP, import_policy_path, policy_entry, resolve_by_plugin
 
     if ":" not in spec:
         entry = policy_entry(spec)  # raises PolicyNotFoundError listing the installed names
@@ -201,9 +201,7 @@ def _import_unvalidated(spec: str) -> object:
     claimed = resolve_by_plugin(spec)
     if claimed is not None:
         return claimed
-    if spec.rpartition(":")[0].endswith(".py"):  # path/to/file.py:Class, as everywhere a policy is named
-        return import_from_file(spec, what="policy")
-    return import_object(spec, what="policy", error=PolicyImportError)
+    return import_policy_path(spec)
 
 
 def _subject(policy: PolicySpec | _Subject) -> _Subject:
