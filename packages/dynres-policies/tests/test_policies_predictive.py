@@ -483,6 +483,37 @@ def test_calibrates_only_when_the_forecast_cannot_tell() -> None:
     assert unsure.should_activate_after_step(ctx) is False  # the calibration cycle
 
 
+def test_without_a_buffer_a_clear_saving_is_checked_by_cycles_without_hybrids() -> None:
+    # Staleness 0: the standalone replicas idle while the last fit step trains, so token rates
+    # overstate what hybrids add. After backoff_after (3) hybrid cycles the forecast is checked
+    # whatever it promises; with a buffer, or after fewer hybrid cycles, a clear saving is not.
+    # The context reports a hybrid cycle, which the decision learns first: 2 before it make 3.
+    p = PredictivePolicy()
+    est = Estimates(train_s=200.0, standalone_share=0.4, hybrid_cycles=2, activate_s=10.0, token_gain=1.0)
+    unbuffered = production_bound(3, hybrid=True).model_copy(update={"staleness_threshold": 0.0})
+    assert unbuffered.buffer_samples == 0
+    p.est = est
+    assert p.forecast(unbuffered, est).saving_s > 5 * p.switch_cost(est)
+    assert p.should_activate_after_step(unbuffered) is False  # the check
+    p.est = replace(est, hybrid_cycles=1)
+    assert p.should_activate_after_step(unbuffered) is True  # too early to doubt
+    p.est = est
+    assert p.should_activate_after_step(production_bound(3, hybrid=True, queue=50)) is True  # a buffer
+
+
+def test_a_first_cycle_without_hybrids_that_idled_much_longer_settles_the_check() -> None:
+    # It idles least of such cycles (it starts with the hybrids' work in flight), so a saving it
+    # already shows beyond calibrate_max_saving switch costs (10 s) needs no second one.
+    p = PredictivePolicy()
+    ctx = production_bound(5, hybrid=False, queue=0).model_copy(update={"staleness_threshold": 0.0})
+    base = Estimates(
+        train_s=200.0, standalone_share=0.4, hybrid_cycles=3, static_cycles=1, activate_s=10.0, token_gain=1.0
+    )
+    # The decision on these estimates (should_activate_after_step would first learn from ctx).
+    assert p._decide(ctx, replace(base, static_idle_share=1.0, hybrid_idle_share=0.5)) is True  # 100 s saved
+    assert p._decide(ctx, replace(base, static_idle_share=0.54, hybrid_idle_share=0.5)) is False  # 8 s: measure on
+
+
 def test_static_idle_forecast_is_at_least_the_measured_one() -> None:
     # The constant-rate model misses the pipeline restart after a sync; measured idle corrects it.
     p = PredictivePolicy()
@@ -627,15 +658,16 @@ def test_without_a_buffer_the_target_falls_faster_after_cycles_that_never_waited
 
 @pytest.mark.slow
 def test_sim_staleness_0_runs_gain_from_the_faster_cut() -> None:
-    # seed-staleness0-16-16, seed 4: 18.5 k s with the buffered cut (0.02), 18.2 k s with 0.04 (faster
-    # on each of seeds 0-5, by 0.1-1.7%).
+    # seed-staleness0-16-16, seed 0: 18.7 k s with the buffered cut (0.02), 18.56 k s with 0.04 (faster
+    # on each of seeds 0-5, by 0.2-0.7%, since the check of unbuffered token rates runs fewer hybrid
+    # cycles; by 0.1-1.7% before it).
     from dynres.runtime.sim import simulate
 
     on = {"async_training.use_dynamic_resource_scheduling": True}
     times = {}
     for cut in (0.02, 0.04):
         ov = {**on, "async_training.dynamic_schedule_policy_params.wait_decrease_unbuffered": cut}
-        times[cut] = simulate("seed-staleness0-16-16", policy="predictive", seed=4, overrides=ov).end_to_end_s
+        times[cut] = simulate("seed-staleness0-16-16", policy="predictive", seed=0, overrides=ov).end_to_end_s
     assert times[0.04] < 0.995 * times[0.02], times
 
 
@@ -723,6 +755,62 @@ def test_sim_hybrid_replicas_without_gain_cost_almost_nothing() -> None:
     static = _simulate("hybrid-no-gain-16-16", "static_fully_async", **ov)
     assert mine.end_to_end_s <= 1.01 * static, (mine.end_to_end_s, static)
     assert mine.switches <= 2
+
+
+# A dense 69B model on 64 + 64 H100s (a development draw, sample-1-050, at 12 cycles): staleness
+# 0, no partial rollout, hybrids at 36% of a standalone replica's speed and a long tail.
+UNBUFFERED_NO_GAIN: dict[str, Any] = {
+    "name": "unbuffered-no-gain",
+    "steps": 12,
+    "async_training": {
+        "use_dynamic_resource_scheduling": True,
+        "staleness_threshold": 0.0,
+        "trigger_parameter_sync_step": 3,
+        "partial_rollout": False,
+        "concurrent_samples_per_replica": 8,
+    },
+    "actor_rollout_ref": {"actor": {"ppo_mini_batch_size": 85}, "rollout": {"n": 4}},
+    "cluster": {"trainer_gpus": 64, "rollout_gpus": 64, "gpus_per_replica": 4},
+    "workload": {
+        "prompt_tokens": 313,
+        "response": {
+            "median_tokens": 5270.8,
+            "sigma": 1.092,
+            "max_tokens": 65536,
+            "group_correlation": 0.477,
+            "growth_per_step": 0.0054,
+        },
+        "decode": {
+            "peak_tokens_per_s": 1023.451,
+            "lone_request_fraction": 0.2206,
+            "prefill_cost": 0.145,
+            "hybrid_speed_factor": 0.36,
+        },
+        "train": {"step_s": 160.6, "reference_gpus": 64, "token_fraction": 0.9},
+    },
+    "costs": {
+        "weight_sync_s": 7.618,
+        "sleep_s": 2.74,
+        "wake_up_s": 2.74,
+        "abort_s": 0.1,
+        "trainer_offload_s": 1.12,
+        "trainer_onload_s": 1.12,
+    },
+}
+
+
+def test_sim_without_a_buffer_hybrids_that_do_not_pay_stop_after_the_check() -> None:
+    # The token rates promised a saving every cycle; without the check it switched in all 12
+    # cycles and ran 28% longer than static_fully_async (default: 29%).
+    from dynres.runtime.sim import simulate
+
+    runs = {pol: simulate(UNBUFFERED_NO_GAIN, policy=pol) for pol in ("predictive", "static_fully_async", "default")}
+    mine, static = runs["predictive"], runs["static_fully_async"]
+    assert mine.end_to_end_s <= 1.03 * static.end_to_end_s, (mine.end_to_end_s, static.end_to_end_s)
+    assert runs["default"].end_to_end_s > 1.15 * static.end_to_end_s  # the loss the check avoids
+    assert 0 < mine.switches <= 8  # three hybrid cycles, then none
+    assert mine.report.samples.consumed == static.report.samples.consumed
+    assert mine.report.samples.duplicates == 0
 
 
 def test_the_first_cycles_production_is_replaced_not_averaged() -> None:

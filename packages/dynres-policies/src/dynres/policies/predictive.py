@@ -53,7 +53,9 @@ class PredictivePolicy(Policy):
       before the final cycle unless the wait target exceeds the queue plus ``in_flight_credit`` of
       the samples in flight (no later cycle uses what a window leaves queued);
     * never when the queue already holds the wait target (the next cycle would deactivate at
-      once), during a back-off, or while ``calibrate_static`` wants a cycle without hybrids;
+      once), during a back-off, or while ``calibrate_static`` wants a cycle without hybrids: where
+      the saving is small, or without a buffer (staleness 0), where token rates overstate it, and
+      until such cycles confirm the hybrids' saving or form a reference;
     * before anything is measured, per ``activate_at_start`` (the first switch is unmeasured);
       after a first cycle with hybrids, on its measured waits instead of ``X`` (it trained on the
       short samples first, so a forecast from it overstates the idle);
@@ -177,7 +179,9 @@ class PredictivePolicy(Policy):
             1.0,
             ge=0.0,
             description="Calibrate only while the forecast saving of the next cycle is at most this many "
-            "switch costs: a clearer saving is not worth a cycle of waiting to confirm (switch costs).",
+            "switch costs (a clearer saving is not worth a cycle of waiting to confirm), except without a "
+            "buffer, where token rates overstate it; stop once a cycle without hybrids idled this many switch "
+            "costs longer than the hybrid cycles (switch costs).",
         )
         calibrate_by: int = Field(
             0,
@@ -315,12 +319,14 @@ class PredictivePolicy(Policy):
         if (
             p.calibrate_static
             and not self._static_reference(est)
+            and not self._hybrids_confirmed(est)
             and (remaining < 0 or remaining >= p.calibrate_min_steps)
             and (ctx.queue_size >= ctx.buffer_samples or 0 < p.calibrate_by <= ctx.global_steps)
-            and fc.saving_s <= p.calibrate_max_saving * fc.switch_s
+            and (fc.saving_s <= p.calibrate_max_saving * fc.switch_s or self._token_gain_in_doubt(ctx, est))
         ):
-            # The saving rests on the replica-count prior and is too small to be sure of: measure
-            # one cycle without hybrids, one that starts with a full queue (it loses the least).
+            # The saving rests on the replica-count prior and is too small to be sure of, or on
+            # token rates that overstate it: measure a cycle without hybrids, one that starts with a
+            # full queue (it loses the least).
             return False
         return fc.saving_s > p.switch_cost_margin * fc.switch_s
 
@@ -587,6 +593,33 @@ class PredictivePolicy(Policy):
             # counts the drain, is the better guide from then on.
             return 0.0
         return max(1.0, est.wait_cap + step)
+
+    def _token_gain_in_doubt(self, ctx: ScheduleContext, est: Estimates) -> bool:
+        """Whether a saving, however clear, must be checked by cycles without hybrids: without a
+        buffer (staleness 0) once ``backoff_after`` hybrid cycles ran.
+
+        Without a buffer the standalone replicas have no admissible work while a cycle's last
+        responses finish, its last fit step trains and its weights sync, so their tokens per
+        second of the cycle understate their rate: ``token_gain`` overstates ``rho``, the standalone
+        production inferred through it comes out low and the forecast idle high, and the realised
+        hybrid cycles agree with that forecast (it was inferred from them). Only a cycle without
+        hybrids shows the idle they would have had. Engines that count no tokens leave the
+        replica-count prior, which such a cycle checks as well.
+        """
+        return ctx.buffer_samples == 0 and est.hybrid_cycles >= self.params.backoff_after
+
+    def _hybrids_confirmed(self, est: Estimates) -> bool:
+        """Whether the cycles without hybrids run so far already show the hybrid cycles' saving to
+        exceed ``calibrate_max_saving`` switch costs, so that no further one is worth running.
+
+        The first such cycle after hybrid ones idles least (it starts with their work in flight),
+        so a full reference would only show a larger saving; the other way round it is no
+        evidence (:meth:`_static_reference`).
+        """
+        if est.static_cycles < 1 or est.hybrid_idle_share < 0 or est.static_idle_share < 0:
+            return False
+        saving = (est.static_idle_share - est.hybrid_idle_share) * est.train_s
+        return saving > self.params.calibrate_max_saving * self.switch_cost(est)
 
     def _static_reference(self, est: Estimates) -> bool:
         """Whether enough cycles without hybrids were measured to compare hybrid cycles with."""
