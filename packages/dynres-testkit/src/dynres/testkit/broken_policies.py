@@ -473,6 +473,17 @@ class SlowPolicy(_Sound):
         return super().should_activate_after_step(ctx)
 
 
+class SlowRouterPolicy(_Sound):
+    """Breaks check_decision_latency: asks a "remote service" (a 1 ms sleep) for every request's replica."""
+
+    name = "slow_router"
+
+    def route(self, request: RequestContext) -> str | None:
+        """The built-in choice, after a lookup that stands in for I/O."""
+        time.sleep(0.001)
+        return None
+
+
 class AlarmGuardedPolicy(_Sound):
     """Breaks check_e2e_training_finishes: guards its decision with SIGALRM, which needs the main thread.
 
@@ -593,7 +604,10 @@ BROKEN_POLICIES: dict[str, list[tuple[Any, str]]] = {
         (QueueFloorPolicy, "should_activate_after_step returned False in an only-hybrid")
     ],
     "check_picklable": [(LambdaAttributePolicy, "pickle round trip failed")],
-    "check_decision_latency": [(SlowPolicy, "should_activate_after_step took a median")],
+    "check_decision_latency": [
+        (SlowPolicy, "should_activate_after_step took a median"),
+        (SlowRouterPolicy, "route took a median"),
+    ],
     "check_e2e_training_finishes": [
         (
             AlarmGuardedPolicy,
