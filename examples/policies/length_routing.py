@@ -23,6 +23,7 @@ from typing import Any
 
 from pydantic import Field
 
+from dynres.core.errors import PolicyValidationError
 from dynres.core.requests import RequestContext
 from dynres.policies.default import DefaultPolicy
 
@@ -82,3 +83,23 @@ class LengthRouting(DefaultPolicy):
         if predicted < self.params.long_ratio * self._mean_prediction:
             return None
         return min(standalone, key=lambda r: r.in_flight).replica_id
+
+    def state_dict(self) -> dict[str, Any]:
+        """`default`'s state plus the predictions seen and their running mean, so that a resumed run
+        judges "long" against the same scale (count, tokens)."""
+        return {**super().state_dict(), "predictions": self._predictions, "mean_prediction": self._mean_prediction}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned; reject missing keys or values of the wrong kind."""
+        own = {"predictions", "mean_prediction"}
+        if not own <= state.keys():
+            raise PolicyValidationError(
+                f"policy {self.name!r}: state lacks {sorted(own - state.keys())}; pass what state_dict() returned"
+            )
+        predictions, mean = state["predictions"], state["mean_prediction"]
+        if isinstance(predictions, bool) or not isinstance(predictions, int) or predictions < 0:
+            raise PolicyValidationError(f"policy {self.name!r}: predictions={predictions!r} is not a count >= 0")
+        if isinstance(mean, bool) or not isinstance(mean, (int, float)) or not 0 <= mean < float("inf"):
+            raise PolicyValidationError(f"policy {self.name!r}: mean_prediction={mean!r} is not tokens >= 0")
+        super().load_state_dict({k: v for k, v in state.items() if k not in own})
+        self._predictions, self._mean_prediction = predictions, float(mean)

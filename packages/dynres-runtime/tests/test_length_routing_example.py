@@ -116,3 +116,35 @@ def test_in_the_simulator_it_loses_less_work_without_partial_rollout_and_nothing
         simulate("seed-dynamic-16-16", policy=policy, overrides=pooled).end_to_end_s
         == simulate("seed-dynamic-16-16", overrides=pooled).end_to_end_s
     )
+
+
+def test_a_resumed_run_judges_long_against_the_scale_it_had_learned() -> None:
+    import json
+
+    from dynres.core import ReplicaLoad, RequestContext
+
+    cls = resolve_policy_class(SPEC)
+    learned = cls()
+    _run(learned)  # 5 epochs: means of 40- and 2-token prompts
+    restored = cls()
+    restored.load_state_dict(json.loads(json.dumps(learned.state_dict())))
+    assert restored.state_dict() == learned.state_dict()
+    request = RequestContext(
+        request_id="s9-p/0",
+        sample_id="s9-p",
+        prompt_tokens=2,
+        generated_tokens=0,
+        max_tokens=64,
+        attempt=0,
+        sibling_lengths=(),
+        replicas=(ReplicaLoad("standalone-0", "standalone", 3), ReplicaLoad("hybrid-0", "hybrid", 0)),
+        now=0.0,
+        predicted_tokens=float(LONG),
+        prompt_id="p-long",
+        prompt_lengths=(LONG,),
+        partial_rollout=False,
+    )
+    # A policy that forgot the scale is back in its warm-up and leaves the long response to the
+    # built-in rule (the idle hybrid); the restored one keeps it on the standalone replica.
+    assert cls().route(request) is None
+    assert restored.route(request) == learned.route(request) == "standalone-0"
