@@ -1058,9 +1058,9 @@ def check_decision_latency(
                 timings[method].append(elapsed)
             for request in edge_requests(ctx) if requests else ():
                 for method in requests:
-                    elapsed = _time_request(pol, method, request)
-                    if elapsed is not None:
-                        timings[method].append(elapsed)
+                    took = _time_request(pol, method, request, max_s)
+                    if took is not None:
+                        timings[method].append(took)
     finally:
         if was_enabled:
             gc.enable()
@@ -1084,15 +1084,21 @@ def check_decision_latency(
             )
 
 
-def _time_request(policy: Policy, method: str, request: RequestContext) -> float | None:
+def _time_request(policy: Policy, method: str, request: RequestContext, max_s: float) -> float | None:
     # Seconds one request decision took, or None when it raised: wrong answers and exceptions
-    # are check_request_answers' findings, not this check's.
-    start = time.perf_counter()
-    try:
-        getattr(policy, method)(request)
-    except Exception:
-        return None
-    return time.perf_counter() - start
+    # are check_request_answers' findings, not this check's. A call over max_s is timed twice
+    # more and the fastest kept, as _retime does for the cycle methods.
+    best = math.inf
+    for _ in range(3):
+        start = time.perf_counter()
+        try:
+            getattr(policy, method)(request)
+        except Exception:
+            return None
+        best = min(best, time.perf_counter() - start)
+        if best <= max_s:
+            break
+    return best
 
 
 def _retime(subject: _Subject, check: str, policy: Policy, method: str, ctx: ScheduleContext) -> float:
