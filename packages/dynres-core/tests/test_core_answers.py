@@ -140,3 +140,16 @@ def test_the_grace_never_outlasts_the_latest_cycle_and_falls_back_to_none() -> N
     assert clamp_answer("deactivate_grace_s", 10.0, ctx) == (10.0, "")
     assert clamp_answer("deactivate_grace_s", 5.0, _ctx(2))[0] == 0.0  # nothing measured yet
     assert safe_answer("deactivate_grace_s", ctx) == 0.0
+
+
+@pytest.mark.parametrize(("value", "ok"), [(0, True), (7, True), (-1, False), (2.0, False), (True, False)])
+def test_extra_admission_is_a_whole_non_negative_sample_count(value: Any, ok: bool) -> None:
+    assert check_answer("admit_extra_samples", value).ok is ok
+
+
+def test_extra_admission_is_at_most_one_cycles_batch_and_falls_back_to_none() -> None:
+    ctx = _ctx(2)
+    value, reason = clamp_answer("admit_extra_samples", ctx.step_required_samples + 5, ctx)
+    assert value == ctx.step_required_samples and f"step_required={ctx.step_required_samples}" in reason
+    assert clamp_answer("admit_extra_samples", ctx.step_required_samples, ctx) == (ctx.step_required_samples, "")
+    assert safe_answer("admit_extra_samples", ctx) == 0

@@ -53,6 +53,10 @@ class Recorder(Policy):
         self.calls.append("should_rebalance")
         return True
 
+    def admit_extra_samples(self, ctx: ScheduleContext) -> int:
+        self.calls.append("admit_extra_samples")
+        return 3
+
     def update_after_step(self, ctx: ScheduleContext) -> None:
         self.calls.append("update_after_step")
 
@@ -245,6 +249,7 @@ def test_without_plugins_the_policy_answers():
     assert bp.deactivate_grace_s(ctx) == 2.5
     assert bp.should_activate_after_step(ctx) is False
     assert bp.should_rebalance(ctx) is True
+    assert bp.admit_extra_samples(ctx) == 3
     assert bp.update_after_step(ctx) is None
     assert calls(bp) == [h.removeprefix("dynres_") for h in DECISION_HOOKS]
 

@@ -399,8 +399,10 @@ def test_a_policy_that_keeps_hanging_is_no_longer_called() -> None:
     report, _ = run(pol, cycles=3, policy_timeout_s=0.05)
     assert len(report.cycles) == 3
     decisions = [*report.startup_decisions, *(d for c in report.cycles for d in c.decisions)]
-    assert all(d.fallback for d in decisions)
-    assert any(d.reason.startswith("not called") for d in decisions)
+    hung = [d for d in decisions if d.method in ("should_activate_after_step", "update_after_step")]
+    assert hung and all(d.fallback for d in hung)
+    # Once the breaker is spent, even a method that would answer at once is not called.
+    assert any(d.reason.startswith("not called") for d in decisions if d.method == "admit_extra_samples")
     assert len(calls) == 4  # the breaker stops at max_stuck_calls threads
 
 

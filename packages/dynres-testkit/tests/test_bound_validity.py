@@ -53,6 +53,10 @@ class RandomPolicy(Policy):
         """Coin toss."""
         return self.rng.random() < 0.5
 
+    def admit_extra_samples(self, ctx: ScheduleContext) -> int:
+        """None half the time, else any count the runtime accepts (more samples cross each sync)."""
+        return 0 if self.rng.random() < 0.5 else self.rng.randint(0, ctx.step_required_samples)
+
 
 @st.composite
 def runs(draw: st.DrawFn) -> tuple[dict[str, Any], int]:

@@ -92,6 +92,7 @@ ONLY_FAILS = {
     broken.IntInsteadOfBoolPolicy: {"check_decision_types"},
     # In the simulator its negative answers are replaced by the safe 0.0, which the e2e check reports.
     broken.IdleGracePolicy: {"check_grace_bounds", "check_e2e_training_finishes"},
+    broken.WholeBudgetExtraPolicy: {"check_extra_admission_bounds"},
     broken.RemainingTokensPolicy: {"check_request_answers"},
     broken.FirstStandalonePolicy: {"check_request_answers"},
     # The API check says why; calling route(request) then raises TypeError, which the request check reports.
@@ -229,9 +230,9 @@ def test_check_policy_raises_one_error_listing_failures():
     with pytest.raises(PolicyCheckFailure) as info:
         check_policy(broken.QueueFloorPolicy, end_to_end=False, max_examples=25)
     text = str(info.value)
-    assert text.startswith("check_policy[queue_floor_unguarded]: 1 of 16 checks failed:")
+    assert text.startswith("check_policy[queue_floor_unguarded]: 1 of 17 checks failed:")
     assert "- check_only_hybrid_never_deadlocks[queue_floor_unguarded]: " in text
-    with pytest.raises(PolicyCheckFailure, match="1 of 19 checks failed"):
+    with pytest.raises(PolicyCheckFailure, match="1 of 20 checks failed"):
         check_policy(broken.HoardingPolicy, max_examples=5)
 
 

@@ -18,8 +18,8 @@ def test_policy_option_runs_the_suite_without_test_files(pytester: pytest.Pytest
     # A failing test file in the directory proves that checks-only mode collects nothing else.
     pytester.makepyfile(test_unrelated="def test_x():\n    assert False\n")
     result = pytester.runpytest("--dynres-policy", "default", "--dynres-no-e2e", "-v", "-p", "no:cacheprovider")
-    result.assert_outcomes(passed=16)
-    result.stdout.fnmatch_lines(["*collected 16 items*", "check_policy_api[[]default[]] PASSED*"])
+    result.assert_outcomes(passed=17)
+    result.stdout.fnmatch_lines(["*collected 17 items*", "check_policy_api[[]default[]] PASSED*"])
     assert "test_unrelated" not in result.stdout.str()
 
 
@@ -105,7 +105,7 @@ def test_plugin_import_is_cheap() -> None:
 @pytest.mark.slow
 def test_end_to_end_checks_show_as_skips_for_a_refused_class(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest("--dynres-policy", f"{BROKEN}:MisnamedPolicy", "-rs")
-    result.assert_outcomes(failed=1, passed=15, skipped=3)
+    result.assert_outcomes(failed=1, passed=16, skipped=3)
     result.stdout.fnmatch_lines(["*fails check_policy_api; fix that first*"])
 
 

@@ -8,6 +8,7 @@ method                          type        range      safe fallback (applied by
 ``deactivate_grace_s``          ``float``   ``>= 0``   ``0.0`` (abort at once)
 ``should_activate_after_step``  ``bool``               ``ctx.only_hybrid``
 ``should_rebalance``            ``bool``               ``False`` (never rebalance)
+``admit_extra_samples``         ``int``     ``>= 0``   ``0`` (admit none beyond the budget)
 ``update_after_step``           ``None``               nothing
 ==============================  ==========  =========  =====================================
 
@@ -54,6 +55,7 @@ ANSWERS: dict[str, AnswerSpec] = {
     "deactivate_grace_s": AnswerSpec("float", minimum=0, hint="return a finite number of seconds, e.g. float(...)"),
     "should_activate_after_step": AnswerSpec("bool", hint="wrap it in bool(...)"),
     "should_rebalance": AnswerSpec("bool", hint="wrap it in bool(...)"),
+    "admit_extra_samples": AnswerSpec("int", minimum=0, hint="wrap it in int(...)"),
     "update_after_step": AnswerSpec("None", hint="return None"),
 }
 """Policy method name -> what it must return; keys in the order the runtime calls them."""
@@ -108,7 +110,7 @@ def safe_answer(method: str, ctx: ScheduleContext) -> Any:
     """The safe fallback of ``method`` (the table's last column) for a policy that failed on ``ctx``."""
     if method == "should_deactivate":
         return True
-    if method == "deactivate_wait_samples":
+    if method in ("deactivate_wait_samples", "admit_extra_samples"):
         return 0
     if method == "deactivate_grace_s":
         return 0.0
@@ -128,7 +130,10 @@ def clamp_answer(method: str, value: Any, ctx: ScheduleContext) -> tuple[Any, st
     never holds more, so a longer wait would never end); ``should_activate_after_step`` is True in
     an only-hybrid cluster, for the same reason; ``deactivate_grace_s`` is at most the latest
     cycle's length (``last_cycle_time_s``, 0 before one was measured): a grace is a cut into the
-    trainer's time, and a longer one would hold its GPUs beyond the window they were lent for.
+    trainer's time, and a longer one would hold its GPUs beyond the window they were lent for;
+    ``admit_extra_samples`` is at most ``step_required_samples``: one cycle's batch beyond the
+    budget, whose samples are at most one cycle staler than the threshold allows (the runtime's
+    queue still drops any sample past its staleness limit).
     ``reason`` is '' when the value is unchanged.
     Applied by :class:`dynres.core.guard.PolicyGuard`, in the dynres runtime and inside verl.
     """
@@ -141,6 +146,8 @@ def clamp_answer(method: str, value: Any, ctx: ScheduleContext) -> tuple[Any, st
             return hi, f"never wait for more than step_required + buffer = {hi}"
     elif method == "deactivate_grace_s" and value > ctx.last_cycle_time_s:
         return ctx.last_cycle_time_s, f"never longer than the latest cycle, last_cycle_time_s={ctx.last_cycle_time_s}"
+    elif method == "admit_extra_samples" and value > ctx.step_required_samples:
+        return ctx.step_required_samples, f"at most one cycle's batch, step_required={ctx.step_required_samples}"
     elif method == "should_activate_after_step" and ctx.only_hybrid and not value:
         return True, "only-hybrid cluster: nothing else could generate"
     return value, ""

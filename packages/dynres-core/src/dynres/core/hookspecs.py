@@ -12,7 +12,9 @@ called by the controller once per sync cycle, in this order:
 4. ``dynres_should_activate_after_step`` - after the weight sync;
 5. ``dynres_should_rebalance`` - only after an activation, and only when
    ``dynamic_schedule_enable_rebalance`` is on;
-6. ``dynres_update_after_step`` - after the weight sync.
+6. ``dynres_admit_extra_samples`` - after the weight sync, unless it was the run's last (the
+   dynres runtime only: verl never asks);
+7. ``dynres_update_after_step`` - after the weight sync.
 
 The active policy is registered as the ``trylast`` implementation of each decision hook, so a
 plugin can override a decision by returning a non-``None`` value, or wrap it with
@@ -143,6 +145,24 @@ def dynres_should_rebalance(ctx: ScheduleContext) -> bool | None:
     """
 
 
+@hookspec(firstresult=True)
+def dynres_admit_extra_samples(ctx: ScheduleContext) -> int | None:
+    """Return how many samples the rollouter may admit under the new weights beyond the staleness budget.
+
+    Called after the activation decisions of each weight sync but the run's last, by the dynres
+    runtime only (verl's rollouter has no such step). The budget lets production run
+    ``staleness_threshold`` cycles ahead: ``max_required_samples`` samples per weight version.
+    Once they are admitted, this many more may start, typically near the cycle's end, when the
+    replicas would otherwise idle beside the cycle's longest responses. Each is trained up to one
+    cycle staler than the threshold allows; the queue drops any sample past its staleness limit,
+    as always. The answer holds until the next weight sync. The policy guard clamps it to
+    ``[0, step_required_samples]``.
+
+    :param ctx: the current :class:`~dynres.core.context.ScheduleContext`.
+    :return: a sample count ``>= 0`` (``0`` keeps the budget as it is), or ``None`` to defer.
+    """
+
+
 @hookspec
 def dynres_update_after_step(ctx: ScheduleContext) -> None:
     """Let the policy adapt its state after the weight sync of a cycle.
@@ -269,6 +289,7 @@ DECISION_HOOKS: tuple[str, ...] = (
     "dynres_deactivate_grace_s",
     "dynres_should_activate_after_step",
     "dynres_should_rebalance",
+    "dynres_admit_extra_samples",
     "dynres_update_after_step",
 )
 """Names of the decision hooks, in the order the controller calls them in a cycle."""

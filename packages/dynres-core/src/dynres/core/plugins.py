@@ -152,6 +152,10 @@ class _PolicyHookImpls:
         return self.policy.should_rebalance(ctx)
 
     @hookimpl(trylast=True)
+    def dynres_admit_extra_samples(self, ctx: ScheduleContext) -> Any:
+        return self.policy.admit_extra_samples(ctx)
+
+    @hookimpl(trylast=True)
     def dynres_update_after_step(self, ctx: ScheduleContext) -> Any:
         return self.policy.update_after_step(ctx)
 
@@ -212,6 +216,10 @@ class BoundPolicy:
     def should_rebalance(self, ctx: ScheduleContext) -> Any:
         """Run the ``dynres_should_rebalance`` hook chain."""
         return self.pm.hook.dynres_should_rebalance(ctx=ctx)
+
+    def admit_extra_samples(self, ctx: ScheduleContext) -> Any:
+        """Run the ``dynres_admit_extra_samples`` hook chain."""
+        return self.pm.hook.dynres_admit_extra_samples(ctx=ctx)
 
     def update_after_step(self, ctx: ScheduleContext) -> Any:
         """Run every ``dynres_update_after_step`` implementation; None, or the first non-None value."""

@@ -23,7 +23,7 @@ POLICY_METHODS: tuple[str, ...] = (
 """The five decision/update methods that mirror verl's policy interface, in the order the controller
 calls them in a cycle."""
 
-TAIL_METHODS: tuple[str, ...] = ("deactivate_grace_s",)
+TAIL_METHODS: tuple[str, ...] = ("deactivate_grace_s", "admit_extra_samples")
 """Cycle decisions of the dynres runtime beyond verl's five (verl's trainer never asks them)."""
 
 CYCLE_METHODS: tuple[str, ...] = (
@@ -32,6 +32,7 @@ CYCLE_METHODS: tuple[str, ...] = (
     "deactivate_grace_s",
     "should_activate_after_step",
     "should_rebalance",
+    "admit_extra_samples",
     "update_after_step",
 )
 """Every cycle method (POLICY_METHODS and TAIL_METHODS), in the order the dynres runtime calls them."""
@@ -115,6 +116,11 @@ class Policy:
     def should_rebalance(self, ctx: ScheduleContext) -> bool:
         """After an activation: return True to move work onto the new replicas (default False)."""
         return False
+
+    def admit_extra_samples(self, ctx: ScheduleContext) -> int:
+        """After the weight sync: samples (>= 0) to admit under the new weights once the staleness
+        budget is spent, trained up to a cycle staler than the threshold allows (default 0: none)."""
+        return 0
 
     def update_after_step(self, ctx: ScheduleContext) -> None:
         """After the weight sync: adapt internal state (default: nothing to adapt)."""

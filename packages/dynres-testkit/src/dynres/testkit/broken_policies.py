@@ -101,6 +101,17 @@ class IdleGracePolicy(_Sound):
         return sum(ctx.step_wait_times) - ctx.last_deactivate_duration_s
 
 
+class WholeBudgetExtraPolicy(_Sound):
+    """Breaks check_extra_admission_bounds: admits a whole budget more (a cycle plus the staleness
+    buffer) where at most one cycle's batch may go beyond it."""
+
+    name = "whole_budget_extra"
+
+    def admit_extra_samples(self, ctx: ScheduleContext) -> int:
+        """Another budget's worth (should have stopped at step_required_samples)."""
+        return ctx.step_required_samples + ctx.buffer_samples
+
+
 class RemainingTokensPolicy(_Sound):
     """Breaks check_request_answers: predicts the tokens still to generate from the siblings' mean,
     which goes negative once the request has generated more than that mean."""
@@ -573,6 +584,7 @@ BROKEN_POLICIES: dict[str, list[tuple[Any, str]]] = {
     "check_params_reject_unknown_keys": [(IgnoresUnknownParamsPolicy, "was accepted")],
     "check_decision_types": [(IntInsteadOfBoolPolicy, "should_deactivate returned 0 of type int; expected bool")],
     "check_grace_bounds": [(IdleGracePolicy, "deactivate_grace_s returned -")],
+    "check_extra_admission_bounds": [(WholeBudgetExtraPolicy, "more than one cycle's batch beyond")],
     "check_request_answers": [
         (RemainingTokensPolicy, "predict_length returned -"),
         (FirstStandalonePolicy, "route returned 'standalone-0', which is not routable now"),

@@ -74,6 +74,7 @@ __all__ = [
     "check_e2e_not_slower_than_baseline",
     "check_e2e_samples_accounted",
     "check_e2e_training_finishes",
+    "check_extra_admission_bounds",
     "check_grace_bounds",
     "check_no_clock_reads",
     "check_no_global_random",
@@ -525,64 +526,83 @@ def _check_request(subject: _Subject, check: str, pol: Policy, request: RequestC
 
 def check_wait_bounds(policy: PolicySpec, *, max_examples: int = EXAMPLES) -> None:
     """``deactivate_wait_samples`` stays within ``[0, step_required_samples + buffer_samples]``."""
-    name = "check_wait_bounds"
-    subject = _subject(policy)
-
-    def body(contexts: list[ScheduleContext]) -> None:
-        pol = subject.fresh(name)
-        for ctx in contexts:
-            raw = _call(subject, name, pol, "deactivate_wait_samples", ctx)
-            checked = check_answer("deactivate_wait_samples", raw)
-            # A wrong type is check_decision_types' finding; a float is still bounds-checked.
-            wait = checked.value
-            if checked.type_ok or isinstance(raw, float):
-                limit = ctx.step_required_samples + ctx.buffer_samples
-                if not (0 <= wait <= limit):
-                    why = (
-                        "a negative wait is meaningless"
-                        if wait < 0
-                        else "the queue never holds more than a cycle's samples plus the "
-                        "staleness buffer, so the trainer would wait for samples that cannot come"
-                    )
-                    raise subject.fail(
-                        name,
-                        f"deactivate_wait_samples returned {wait!r}; expected a count in "
-                        f"[0, step_required_samples + buffer_samples] = [0, {limit}] ({why}). "
-                        f"Context: {_show(ctx)}",
-                    )
-            for method in ("should_activate_after_step", "update_after_step"):
-                _call(subject, name, pol, method, ctx)
-
-    _for_all_runs(body, max_examples=max_examples)
+    _check_answer_range(
+        policy,
+        "check_wait_bounds",
+        "deactivate_wait_samples",
+        upper=lambda ctx: ctx.step_required_samples + ctx.buffer_samples,
+        expected="a count in [0, step_required_samples + buffer_samples]",
+        why_above="the queue never holds more than a cycle's samples plus the staleness buffer, so the "
+        "trainer would wait for samples that cannot come",
+        max_examples=max_examples,
+    )
 
 
 def check_grace_bounds(policy: PolicySpec, *, max_examples: int = EXAMPLES) -> None:
     """``deactivate_grace_s`` is a finite number of seconds in ``[0, last_cycle_time_s]``."""
-    name = "check_grace_bounds"
+    _check_answer_range(
+        policy,
+        "check_grace_bounds",
+        "deactivate_grace_s",
+        upper=lambda ctx: ctx.last_cycle_time_s,
+        expected="seconds in [0, last_cycle_time_s]",
+        why_above="a grace is taken from the trainer's time, and the runtime never lets it outlast the latest "
+        "cycle (last_cycle_time_s; 0 before one was measured)",
+        max_examples=max_examples,
+    )
+
+
+def check_extra_admission_bounds(policy: PolicySpec, *, max_examples: int = EXAMPLES) -> None:
+    """``admit_extra_samples`` is a count in ``[0, step_required_samples]``."""
+    _check_answer_range(
+        policy,
+        "check_extra_admission_bounds",
+        "admit_extra_samples",
+        upper=lambda ctx: ctx.step_required_samples,
+        expected="a count in [0, step_required_samples]",
+        why_above="more than one cycle's batch beyond the staleness budget would be trained more than a cycle "
+        "staler than the threshold allows, and the runtime clamps it",
+        max_examples=max_examples,
+    )
+
+
+def _check_answer_range(
+    policy: PolicySpec,
+    name: str,
+    method: str,
+    *,
+    upper: Callable[[ScheduleContext], float],
+    expected: str,
+    why_above: str,
+    max_examples: int,
+) -> None:
+    # One shape for the range checks: every context of a run is asked ``method``, whose answer must
+    # lie in [0, upper(ctx)]; the activation and update calls between them advance the policy as
+    # the runtime would.
     subject = _subject(policy)
 
     def body(contexts: list[ScheduleContext]) -> None:
         pol = subject.fresh(name)
         for ctx in contexts:
-            raw = _call(subject, name, pol, "deactivate_grace_s", ctx)
-            checked = check_answer("deactivate_grace_s", raw)
-            # A wrong type is check_decision_types' finding.
-            if checked.type_ok:
-                grace = checked.value
-                if checked.reason or grace > ctx.last_cycle_time_s:
-                    why = (
-                        checked.reason
-                        if checked.reason
-                        else "a grace is taken from the trainer's time, and the runtime never lets it outlast "
-                        "the latest cycle (last_cycle_time_s; 0 before one was measured)"
-                    )
+            raw = _call(subject, name, pol, method, ctx)
+            checked = check_answer(method, raw)
+            # A wrong type is check_decision_types' finding; a float count is still range-checked.
+            if checked.type_ok or isinstance(raw, float):
+                value, limit = checked.value, upper(ctx)
+                if checked.type_ok and checked.reason:
+                    why = checked.reason  # below 0 or not finite, in the answer table's words
+                elif value < 0:
+                    why = "a negative answer is meaningless"
+                else:
+                    why = why_above if value > limit else ""
+                if why:
                     raise subject.fail(
                         name,
-                        f"deactivate_grace_s returned {grace!r}; expected seconds in [0, last_cycle_time_s] = "
-                        f"[0, {ctx.last_cycle_time_s}] ({why}). Context: {_show(ctx)}",
+                        f"{method} returned {value!r}; expected {expected} = [0, {limit}] ({why}). "
+                        f"Context: {_show(ctx)}",
                     )
-            for method in ("should_activate_after_step", "update_after_step"):
-                _call(subject, name, pol, method, ctx)
+            for later in ("should_activate_after_step", "update_after_step"):
+                _call(subject, name, pol, later, ctx)
 
     _for_all_runs(body, max_examples=max_examples)
 
@@ -1318,6 +1338,7 @@ _UNIT_CHECKS: tuple[Callable[..., None], ...] = (
     check_request_answers,
     check_wait_bounds,
     check_grace_bounds,
+    check_extra_admission_bounds,
     check_deterministic,
     check_context_not_mutated,
     check_decisions_do_not_change_state,

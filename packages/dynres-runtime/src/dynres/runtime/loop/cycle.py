@@ -19,7 +19,9 @@ One sync cycle, in order (``g`` = global_steps before the cycle):
    clamps the answer: nothing else could generate). After an activation, if
    ``dynamic_schedule_enable_rebalance`` is on, ``should_rebalance(ctx)`` and a rebalance if yes.
    After the run's final sync nothing is activated (nothing will be generated any more) and
-   the policy is not asked.
+   the policy is not asked. Then ``admit_extra_samples(ctx)`` (clamped to
+   ``[0, step_required_samples]``): how many samples the new weight version may admit beyond
+   the staleness budget (not asked after the final sync either).
 5. ``update_after_step(ctx)`` with the same context as step 4.
 6. The cycle's metrics (:func:`dynres.core.metrics.cycle_metrics`) are emitted through
    ``dynres_metrics_emitted``.
@@ -381,6 +383,9 @@ class TrainerLoop:
                 if rrec.value:
                     moved = await w.controller.rebalance()
                     rebalanced = True
+        erec = await w.guard.decide("admit_extra_samples", ctx)
+        decisions.append(erec)
+        w.rollouter.admit_extra(erec.value)
         decisions.append(await w.guard.decide("update_after_step", ctx))
         return activated, rebalanced, moved
 

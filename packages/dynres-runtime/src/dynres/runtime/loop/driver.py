@@ -144,6 +144,7 @@ class FullyAsyncRun:
         spec, now = self.spec, self.clock.elapsed
         at = spec.config.async_training
         max_req = max_required_samples(spec.config)
+        step_req = step_required_samples(spec.config.required_samples, at.trigger_parameter_sync_step)
         # The balancer and the queue call back into the rollouter and controller built after them.
         self.balancer = LoadBalancer(
             seed=spec.seed,
@@ -154,7 +155,9 @@ class FullyAsyncRun:
             decider=RequestDecider(self.policy, now) if self.policy.decides_requests else None,
         )
         self.queue = MessageQueue(
-            max_req,
+            # The most admission ever lets wait: the budget plus the largest extra a policy may
+            # ask for (one cycle's batch, see dynres.core.answers.clamp_answer).
+            max_req + step_req,
             max_staleness_versions=spec.max_staleness_versions,
             staleness_threshold=at.staleness_threshold,
             on_drop=lambda s: self.rollouter.on_drop(s),
@@ -168,9 +171,7 @@ class FullyAsyncRun:
             concurrent_samples_per_replica=at.concurrent_samples_per_replica,
             # A run that keeps a checkpoint goes on later, so production runs on to the end; a
             # final run admits only what its cycles consume, so nothing is generated in vain.
-            demand=None
-            if spec.keep_checkpoint
-            else spec.num_cycles * step_required_samples(spec.config.required_samples, at.trigger_parameter_sync_step),
+            demand=None if spec.keep_checkpoint else spec.num_cycles * step_req,
         )
 
     def _wire_control(self) -> None:

@@ -1,8 +1,9 @@
 """Message queue between the rollouter and the trainer, with staleness accounting.
 
 Holds finished :class:`~dynres.runtime.samples.Sample` objects, first in first out, bounded at
-``max_size`` samples (the run sets it to ``max_required_samples``, which the rollouter's
-admission rule never exceeds, so :meth:`MessageQueue.put` does not block in practice).
+``max_size`` samples (the run sets it to ``max_required_samples + step_required_samples``, which
+the rollouter's admission rule never exceeds, even with the largest extra a policy may ask for,
+so :meth:`MessageQueue.put` does not block in practice).
 
 **Staleness rule.** A sample's staleness is ``trainer_version - sample.start_version``, where
 ``trainer_version`` is the number of weight syncs done so far (``global_steps``) and

@@ -6,10 +6,12 @@ rollouter counts ``staleness_samples``: the samples admitted under the current w
 plus those carried over from the previous one. At each weight sync it is reset to the samples
 still queued or in flight. A new sample is admitted only while
 
-* ``staleness_samples < max_required_samples`` (production may run at most
-  ``staleness_threshold`` cycles ahead of consumption), and
+* ``staleness_samples < max_required_samples + extra_samples`` (production may run at most
+  ``staleness_threshold`` cycles ahead of consumption; ``extra_samples`` is the policy's
+  ``admit_extra_samples`` answer at the latest weight sync, 0 unless a policy asks for more), and
 * in-flight samples < ``min(routable replicas x concurrent_samples_per_replica,
-  max_required_samples)`` (the concurrency capacity, the ``cap`` of the rollout metric), and
+  max_required_samples + extra_samples)`` (the concurrency capacity, the ``cap`` of the rollout
+  metric), and
 * consumed + queued + in-flight samples < the run's demand (``num_cycles x
   step_required_samples``), so the run ends with nothing generated in vain.
 
@@ -97,6 +99,12 @@ class Rollouter:
         self.demand = demand
         """Samples the trainer will take in this run; admission stops once consumed + queued +
         in flight reach it, so no sample is generated only to be thrown away (None = no limit)."""
+        self.extra_samples = 0
+        """Samples admitted per weight version beyond ``max_required_samples`` (the policy's
+        ``admit_extra_samples`` at the latest weight sync; count)."""
+        self.most_extra_samples = 0
+        """The largest ``extra_samples`` of the run so far (count; the simulator's lower bound
+        lets that many more samples cross each weight sync)."""
         self.version = 0
         """Weight version of the routable replicas (count of syncs)."""
         self.staleness_samples = 0
@@ -139,11 +147,14 @@ class Rollouter:
         return len(self._in_flight)
 
     @property
+    def budget(self) -> int:
+        """Samples one weight version may admit: max_required_samples + extra_samples (count)."""
+        return self.max_required_samples + self.extra_samples
+
+    @property
     def capacity(self) -> int:
-        """min(routable replicas x concurrent_samples_per_replica, max_required_samples) (samples)."""
-        return rollout_capacity(
-            self.balancer.num_replicas, self.concurrent_samples_per_replica, self.max_required_samples
-        )
+        """min(routable replicas x concurrent_samples_per_replica, budget) (samples)."""
+        return rollout_capacity(self.balancer.num_replicas, self.concurrent_samples_per_replica, self.budget)
 
     def can_admit(self) -> bool:
         """True when one more sample may be admitted now."""
@@ -152,7 +163,7 @@ class Rollouter:
             and not self._stopped
             and not (self.source_exhausted and not self._resume)
             and len(self._in_flight) < self.capacity
-            and self.staleness_samples < self.max_required_samples
+            and self.staleness_samples < self.budget
             and (bool(self._resume) or not self.demand_met())
         )
 
@@ -199,6 +210,14 @@ class Rollouter:
         """After a weight sync to ``version``: charge only what is still queued or in flight."""
         self.version = version
         self.staleness_samples = self.queue.size + len(self._in_flight)
+        # The new version starts with the plain budget until the policy answers for it.
+        self.extra_samples = 0
+        self.poke()
+
+    def admit_extra(self, samples: int) -> None:
+        """Let the current weight version admit ``samples`` beyond max_required_samples (count >= 0)."""
+        self.extra_samples = samples
+        self.most_extra_samples = max(self.most_extra_samples, samples)
         self.poke()
 
     def pause_admission(self) -> None:

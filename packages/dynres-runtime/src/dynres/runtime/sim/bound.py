@@ -38,7 +38,8 @@ scheduling cost. :func:`lower_bound` adds two terms that count them (``docs/simu
    host (``cluster.shared_host``, standalone replicas present) the run with hybrids gains no
    capacity: generation takes at least ``W / (B * p)`` and the switches still cost trainer time.
 5. ``per_cycle``: the admission rule lets at most ``max_required - step_required`` samples cross a
-   weight sync (queued or in flight), so at least ``2 x step_required - max_required`` of each
+   weight sync (queued or in flight; ``max_required`` includes the largest extra the policy
+   admitted, ``admit_extra_samples``), so at least ``2 x step_required - max_required`` of each
    cycle's samples are admitted after its opening sync and finish before its last fit step. The
    same better-of-two over each cycle's window, summed with the cycles' last fit steps and syncs.
 """
@@ -92,7 +93,8 @@ class BoundInputs:
     step_required_samples: int = 0
     """Samples each cycle consumes (count)."""
     max_required_samples: int = 0
-    """Admission bound per weight version, int(required x (1 + staleness) x trigger) (count)."""
+    """Admission bound per weight version, int(required x (1 + staleness) x trigger), plus the
+    most samples the run's policy admitted beyond it (``admit_extra_samples``) (count)."""
     export_s: float = 0.0
     """Trainer exporting one weight update (seconds)."""
     standalone_update_s: float = 0.0

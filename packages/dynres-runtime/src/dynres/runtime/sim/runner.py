@@ -81,7 +81,8 @@ class SimResult:
     wall_s: float = 0.0
     """Real seconds the simulation took (profiling; not in the JSON)."""
     extra: dict[str, Any] = field(default_factory=dict)
-    """Simulator counters: tokens, replica work, sleep aborts (JSON-serialisable)."""
+    """Simulator counters: tokens, replica work, sleep aborts, the most samples a weight version
+    admitted beyond its staleness budget (JSON-serialisable)."""
     ledger: SampleLedger | None = None
     """Where each admitted sample went, by id (not in the JSON; end-to-end checks read it)."""
     host: str = "dynres"
@@ -470,7 +471,8 @@ def simulate(
         left=held_sample_ids(run),
         dropped=run.queue.dropped_ids,
     )
-    result = _result(sc, hosted.label if hosted is not None else pol.name, report, cluster, consumption, wall, ledger)
+    label = hosted.label if hosted is not None else pol.name
+    result = _result(sc, label, report, cluster, consumption, wall, ledger, run.rollouter.most_extra_samples)
     result.trace = trace.on_run_clock(run.clock.start or 0.0)
     if hosted is None:
         return result
@@ -550,9 +552,12 @@ def _result(
     consumption: _Consumption,
     wall_s: float,
     ledger: SampleLedger,
+    extra_admitted: int,
 ) -> SimResult:
     """The SimResult of a finished run: its report, both lower bounds and the simulator's counters."""
-    bound_inputs = bound_inputs_for(sc, consumption.fit_steps, consumption.work, consumption.critical)
+    bound_inputs = bound_inputs_for(
+        sc, consumption.fit_steps, consumption.work, consumption.critical, extra_admitted=extra_admitted
+    )
     replicas = cluster.replicas
     extra = {
         "replica_work_tokens": sum(r.work_done for r in replicas),
@@ -561,6 +566,7 @@ def _result(
         "train_compute_s": cluster.engine.compute_s,
         "train_tokens": cluster.engine.tokens,
         "sleep_aborts": sum(r.sleep_aborts for r in replicas),
+        "extra_admitted_samples": extra_admitted,
         **lost_work_tokens(replicas, consumption, ledger.dropped),
     }
     return SimResult(
@@ -598,8 +604,13 @@ def bound_inputs_for(
     fit_steps: list[tuple[float, list[float], list[float]]],
     consumed_work: list[float],
     consumed_critical: list[float],
+    extra_admitted: int = 0,
 ) -> BoundInputs:
-    """The lower bound's inputs: the scenario's machine and costs, and the work its fit steps consumed."""
+    """The lower bound's inputs: the scenario's machine and costs, and the work its fit steps consumed.
+
+    ``extra_admitted``: the most samples the run admitted per weight version beyond the staleness
+    budget (the rollouter's ``most_extra_samples``); more samples may then cross each sync.
+    """
     d = sc.workload.decode
     c = sc.costs
     gpr = sc.cluster.gpus_per_replica
@@ -628,7 +639,7 @@ def bound_inputs_for(
         shared_host=sc.cluster.shared_host,
         cycles=cycles,
         step_required_samples=sc.step_required_samples,
-        max_required_samples=max_required_samples(sc.dynres_config()),
+        max_required_samples=max_required_samples(sc.dynres_config()) + extra_admitted,
         export_s=c.export_weights_s,
         standalone_update_s=c.weight_sync_s if sc.num_standalone_replicas > 0 else 0.0,
         activate_s=c.trainer_offload_s + c.wake_up_s + c.weight_sync_s,
