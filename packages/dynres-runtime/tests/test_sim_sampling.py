@@ -120,3 +120,18 @@ def test_the_policy_bench_ends_with_the_summary_line():
     assert float(best) == pytest.approx(((9.5 / 10) * (9.0 / 10)) ** 0.5, abs=1e-4)  # static won b
     assert float(worst) == pytest.approx((9.2 / 9.0 - 1) * 100, abs=1e-3)
     assert (int(over), int(n)) == (1, 2)
+
+
+def test_the_summary_line_judges_the_entry_named_by_judge():
+    bench = load_bench("policy_bench.py")
+    policies = ["default", "static_fully_async", "predictive", "predictive[extra_admission=0.5]"]
+    rows = [
+        {"scenario": "a", "policy": pol, "seed": 0, "end_to_end_s": t, "lower_bound_s": 1.0, "switches": 0}
+        | {"lower_bound_naive_s": 1.0}
+        for pol, t in zip(policies, (10.0, 12.0, 9.5, 8.0), strict=True)
+    ]
+    summary = bench.summarise(rows, policies)
+    assert bench.summary_line(summary, policies).startswith("geomean_vs_default=0.9500 ")
+    assert bench.summary_line(summary, policies, policies[-1]).startswith("geomean_vs_default=0.8000 ")
+    with pytest.raises(SystemExit):
+        bench.main(["--policies", "default,predictive", "--judge", "fixed_ratio"])
