@@ -19,6 +19,9 @@ from pydantic import ConfigDict, Field, model_validator
 
 from dynres.core import Policy, ScheduleContext
 from dynres.policies.predictive_estimates import (
+    DRAIN_MIN_RATIO,
+    MAX_GAIN,
+    MAX_SECONDS,
     MIN_SHARE,
     Estimates,
     Forecast,
@@ -217,6 +220,14 @@ class PredictivePolicy(Policy):
             "so a small measured gain is no saving (ratio).",
         )
         rebalance: bool = Field(True, description="Move in-flight work onto freshly activated replicas.")
+        extra_admission: float = Field(
+            0.0,
+            ge=0.0,
+            le=1.0,
+            description="Samples each weight version admits beyond a staleness budget of less than a cycle's run-"
+            "ahead (admit_extra_samples), trained up to a cycle staler than staleness_threshold allows: off unless "
+            "the user accepts that (fraction of a cycle's samples).",
+        )
 
         @model_validator(mode="before")
         @classmethod
@@ -270,6 +281,14 @@ class PredictivePolicy(Policy):
     def should_rebalance(self, ctx: ScheduleContext) -> bool:
         """Move work onto freshly activated replicas (``rebalance`` param)."""
         return self.params.rebalance
+
+    def admit_extra_samples(self, ctx: ScheduleContext) -> int:
+        """``extra_admission`` of a cycle's samples beyond the staleness budget (0 unless set)."""
+        if ctx.buffer_samples >= ctx.step_required_samples or ctx.only_hybrid:
+            # A cycle or more of run-ahead already keeps the replicas busy beside the tail; with no
+            # standalone replica, the deactivation before training cuts what starts beside it.
+            return 0
+        return int(self.params.extra_admission * ctx.step_required_samples)
 
     def update_after_step(self, ctx: ScheduleContext) -> None:
         """Learn rates, costs and the realised saving from the finished cycle."""
@@ -463,7 +482,7 @@ class PredictivePolicy(Policy):
             train_s = ctx.step_required_samples / ctx.consumption_rate
         else:
             train_s = ctx.last_train_time_s
-        if not (0 < train_s < _MAX_SECONDS):
+        if not (0 < train_s < MAX_SECONDS):
             # Nothing measured, or a rate too small to be a measurement. The queue is still this
             # cycle's end: the next cycle's stock is counted from it, not from one cycle earlier.
             return replace(est, queue_end=float(ctx.queue_size))
@@ -494,7 +513,7 @@ class PredictivePolicy(Policy):
             # replicas' over the whole cycle (their counts lag by the requests still running;
             # over a whole cycle that is a small share).
             gain = (ctx.last_hybrid_tokens / h) / (ctx.last_standalone_tokens / cycle_s)
-            if gain < _MAX_GAIN:  # a window of a few nanoseconds is no measurement
+            if gain < MAX_GAIN:  # a window of a few nanoseconds is no measurement
                 prev = out.token_gain
                 out = replace(out, token_gain=gain if prev < 0 else (1.0 - w) * prev + w * gain)
         out = replace(out, hybrid_cycles=out.hybrid_cycles + 1, last_hybrid_step=ctx.global_steps)
@@ -651,18 +670,6 @@ class PredictivePolicy(Policy):
         """Restore what :meth:`state_dict` returned (:meth:`Estimates.from_state`: a state saved by an
         earlier dynres loads too); reject missing, unknown or non-finite values."""
         self.est = Estimates.from_state(state)
-
-
-DRAIN_MIN_RATIO = 1.5
-"""A weight sync counts as draining running samples only above this many times the shortest (ratio;
-below it export and load jitter; once the shortest has itself drained some samples, one that
-drained many more may still be under twice as long)."""
-
-_MAX_SECONDS = 1e9
-"""Durations beyond this (about 30 years) are not measurements (seconds)."""
-
-_MAX_GAIN = 1e6
-"""Hybrid over standalone token rates beyond this are not measurements (ratio)."""
 
 
 _PARAMS_PLUMBING = ("pydantic", "dynres.core", "dynres.policies")

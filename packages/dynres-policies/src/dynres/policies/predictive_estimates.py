@@ -149,6 +149,17 @@ def ema(old: float, new: float, weight: float) -> float:
     return new if old <= 0 else (1.0 - weight) * old + weight * new
 
 
+DRAIN_MIN_RATIO = 1.5
+"""A weight sync counts as draining running samples only above this many times the shortest (ratio;
+below it export and load jitter; once the shortest has itself drained some samples, one that
+drained many more may still be under twice as long)."""
+
+MAX_SECONDS = 1e9
+"""Durations beyond this (about 30 years) are not measurements (seconds)."""
+
+MAX_GAIN = 1e6
+"""Hybrid over standalone token rates beyond this are not measurements (ratio)."""
+
 MIN_SHARE = 1e-9
 """Standalone productions below this are no measurement (a cycle's samples per training time):
 the policy divides by the rate they give, and one from a rate of a few denormal samples per
