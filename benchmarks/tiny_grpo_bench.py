@@ -5,7 +5,8 @@
         [--json]
 
 Every run uses the same file (same model seed, prompts, engines and placement); only
-``async_training.dynamic_schedule_policy`` changes. ``static_fully_async`` never wakes the hybrid
+``async_training.dynamic_schedule_policy`` (and, for a ``NAME[KEY=VALUE;...]`` entry, read as in
+policy_bench.py, its ``dynamic_schedule_policy_params``) changes. ``static_fully_async`` never wakes the hybrid
 replica (the trainer's slot only trains), ``default`` lends it to rollout while the trainer waits,
 ``predictive`` lends it only while its forecast says a switch pays. Run it on a quiet machine:
 the runs take turns on the same cores, so anything else running skews the comparison.
@@ -37,6 +38,8 @@ from pathlib import Path
 from statistics import mean, median
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from policy_bench import check_policy, parse_policy  # noqa: E402  # one reading of NAME[KEY=VALUE;...]
 
 
 def run_one(config: str, policy: str, steps: int | None, out: Path) -> dict:
@@ -44,7 +47,9 @@ def run_one(config: str, policy: str, steps: int | None, out: Path) -> dict:
     from dynres.runtime.realrun import execute, load_run_config
 
     ray_tmp = tempfile.mkdtemp(prefix="dynres-ray-", dir="/tmp")  # private session, removed after
-    overrides: dict = {"async_training.dynamic_schedule_policy": policy, "ray.temp_dir": ray_tmp}
+    name, params = parse_policy(policy)
+    overrides: dict = {"async_training.dynamic_schedule_policy": name, "ray.temp_dir": ray_tmp}
+    overrides.update({f"async_training.dynamic_schedule_policy_params.{k}": v for k, v in params.items()})
     if steps is not None:
         overrides["run.steps"] = steps
     cfg = load_run_config(config, overrides)
@@ -74,8 +79,11 @@ def run_one(config: str, policy: str, steps: int | None, out: Path) -> dict:
 
 
 def folder_name(policy: str) -> str:
-    """The run folder of ``policy``: its name, or for ``module:Class`` and ``path/file.py:Class`` the class name."""
-    return policy.rsplit(":", 1)[-1] if ":" in policy else policy
+    """The run folder of ``policy``: its name, or for ``module:Class`` and ``path/file.py:Class`` the class
+    name, with a ``NAME[KEY=VALUE;...]`` entry's params as ``-KEY=VALUE``."""
+    name, params = parse_policy(policy)
+    base = name.rsplit(":", 1)[-1] if ":" in name else name
+    return base + "".join(f"-{k}={v}" for k, v in params.items())
 
 
 def rounds(policies: list[str], repeats: int) -> list[list[str]]:
@@ -126,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     if args.repeats < 1 or not policies or len(set(policies)) != len(policies):
         ap.error("--repeats must be at least 1 and --policies a list of distinct policy names")
+    for policy in policies:
+        check_policy(policy)  # a malformed entry, unknown policy or bad param stops here, before any run
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     out = Path(args.out)
     runs = []
@@ -141,8 +151,9 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(runs, indent=2))
         return 0
     table, lines = summarize(runs, policies)
+    width = max(20, *(len(folder_name(p)) for p in policies))
     head = (
-        f"{'policy':<20} {'end-to-end s':>12} {'min-max s':>13} {'cycle s':>8} {'act/deact':>11} {'wait s':>7} "
+        f"{'policy':<{width}} {'end-to-end s':>12} {'min-max s':>13} {'cycle s':>8} {'act/deact':>11} {'wait s':>7} "
         f"{'util':>5} {'reward(last3)':>13} {'wall s':>7}"
     )
     if args.repeats > 1:
@@ -151,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     print("-" * len(head))
     for r in table:
         print(
-            f"{folder_name(r['policy']):<20} {r['end_to_end_s']:>12.2f} "
+            f"{folder_name(r['policy']):<{width}} {r['end_to_end_s']:>12.2f} "
             f"{r['end_to_end_min_s']:>6.2f}-{r['end_to_end_max_s']:<6.2f} {r['mean_cycle_s']:>8.2f} "
             f"{r['activations']:>5g}/{r['deactivations']:<5g} {r['wait_s']:>7.2f} {r['utilization']:>5.2f} "
             f"{r['reward_last3']:>13.3f} {r['wall_s']:>7.1f}"

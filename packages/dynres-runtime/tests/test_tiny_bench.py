@@ -68,3 +68,10 @@ def test_repeats_on_fake_engines(bench, tmp_path: Path, capsys: pytest.CaptureFi
         bench.main([*args[:-1], "0"])
     assert exc.value.code == 2
     assert "--repeats must be at least 1" in capsys.readouterr().err
+
+
+def test_an_entry_with_params_gets_its_own_folder_and_a_bad_one_stops_the_bench(bench) -> None:
+    assert bench.folder_name("predictive[extra_admission=0.5]") == "predictive-extra_admission=0.5"
+    assert bench.folder_name("examples/policies/length_routing.py:LengthRouting") == "LengthRouting"
+    with pytest.raises(SystemExit, match="no_such_param"):
+        bench.main(["--policies", "default,predictive[no_such_param=1]"])
