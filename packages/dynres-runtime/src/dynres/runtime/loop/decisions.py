@@ -5,9 +5,9 @@ plugins can wrap it) and through :class:`DecisionGuard`, the runtime's front-end
 shared with dynres-verl, :class:`dynres.core.guard.PolicyGuard`. The core owns the answer check
 against :data:`dynres.core.answers.ANSWERS` (numpy booleans and integers count as ``bool`` and
 ``int`` and are normalised), the safe fallback for a policy that raises, times out or answers
-with anything else (deactivate; wait 0; activate only in an only-hybrid cluster, where nothing
-else could generate; do not rebalance), the warning, the ``dynres_decision_made`` report, the
-stuck-call budget and the daemon-thread runner.
+with anything else (deactivate; wait 0; abort at once; activate only in an only-hybrid cluster,
+where nothing else could generate; do not rebalance; admit nothing extra), the warning, the
+``dynres_decision_made`` report, the stuck-call budget and the daemon-thread runner.
 
 Then the safety clamps of :func:`dynres.core.answers.clamp_answer` (recorded with ``clamped=True``
 and a reason; dynres-verl applies the same ones inside verl, through the same core):
@@ -16,7 +16,9 @@ and a reason; dynres-verl applies the same ones inside verl, through the same co
   only-hybrid cluster (the trainer's GPUs are the only producers: they must make at least one
   cycle's samples before going back) and in ``[0, step_required + buffer]`` otherwise (the queue
   never holds more, so a longer wait would never end);
-* ``should_activate_after_step`` is ``True`` in an only-hybrid cluster, for the same reason.
+* ``should_activate_after_step`` is ``True`` in an only-hybrid cluster, for the same reason;
+* ``deactivate_grace_s`` is at most the latest cycle's length, and ``admit_extra_samples`` at
+  most one cycle's batch (``step_required``).
 
 What stays here is what only the runtime needs. The call starts with ``loop.run_in_executor``
 and is bounded by ``asyncio.wait_for``: a slow or hung policy never blocks the event loop, and
