@@ -3,7 +3,7 @@
 Hypothesis draws a short scenario from the testkit (with staleness, partial rollout, switch costs
 and hybrid speed varied, on a shared host or not) and a random policy: every decision is a coin
 toss or a random wait, from a seeded generator, so each example is one reproducible run. The slow
-test makes 200 such runs.
+test makes 100 such runs, within CI's time budget (200 took 146 s of it).
 """
 
 from __future__ import annotations
@@ -82,14 +82,7 @@ def _check(case: tuple[dict[str, Any], int]) -> None:
 
 
 @pytest.mark.slow
-@settings(max_examples=12, deadline=None, database=None, derandomize=True)
+@settings(max_examples=100, deadline=None, database=None, derandomize=True)
 @given(runs())
-def test_random_policies_never_beat_the_tight_bound(case: tuple[dict[str, Any], int]) -> None:
-    _check(case)
-
-
-@pytest.mark.slow
-@settings(max_examples=200, deadline=None, database=None, derandomize=True)
-@given(runs())
-def test_200_random_policy_runs_never_beat_the_tight_bound(case: tuple[dict[str, Any], int]) -> None:
+def test_100_random_policy_runs_never_beat_the_tight_bound(case: tuple[dict[str, Any], int]) -> None:
     _check(case)
