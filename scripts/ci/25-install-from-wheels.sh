@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # CI check: the install-from-wheels recipe of docs/installing.md, run verbatim in a copy of the
 # sources (build outputs left out), must give a working `dynres` with plots and the testkit.
+# ci-lane: install (scripts/test.sh runs these side by side: pip and the disk, not the cores)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PYTHON:-python3.11}
