@@ -108,6 +108,13 @@ def test_context_reports_run_length_hybrid_time_and_sync_time() -> None:
             assert ctx.last_hybrid_active_s == 0 and ctx.last_hybrid_generated_samples == 0
 
 
+@pytest.mark.parametrize("partial", [True, False])
+def test_context_carries_the_runs_partial_rollout_setting(partial: bool) -> None:
+    pol = Recording({"deactivate_ratio": 0.6})
+    simulate("seed-dynamic-16-16", policy=pol, overrides={"steps": 2, "async_training.partial_rollout": partial})
+    assert len(pol.seen) == 3 and {c.partial_rollout for c in pol.seen} == {partial}
+
+
 def test_queue_size_end_is_read_before_the_end_of_cycle_activation() -> None:
     # queue_size_end is the queue after the cycle's sync, what the policy's end-of-cycle context
     # shows, capped at max_required - step_required. Read after the activation (offload, wake-up,

@@ -63,6 +63,11 @@ class ScheduleContext(BaseModel):
         0.1, ge=0.0, description="Allowed extra production per cycle, as a fraction of a cycle's samples."
     )
     total_steps: int = Field(0, ge=0, description="Sync cycles the run will do in total (count; 0 = unknown).")
+    partial_rollout: bool = Field(
+        True,
+        description="True when an aborted request resumes from its output; False when it starts over and "
+        "each weight sync first waits for the running samples to finish (the run's setting).",
+    )
 
     # ---- Sample accounting -----------------------------------------------------------------
     total_generated_samples: int = Field(0, ge=0, description="Samples fully generated since training began (count).")

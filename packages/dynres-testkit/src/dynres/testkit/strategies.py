@@ -72,6 +72,7 @@ def _cluster(draw: st.DrawFn, only_hybrid: bool | None, is_hybrid_active: bool |
         ),
         "num_standalone_replicas": standalone,
         "num_hybrid_replicas": hybrid,
+        "partial_rollout": draw(st.booleans()),
     }
 
 
@@ -118,6 +119,7 @@ def _cycle_state(
         required_samples=required,
         trigger_parameter_sync_step=trigger,
         staleness_threshold=cluster["staleness_threshold"],
+        partial_rollout=cluster["partial_rollout"],
         total_generated_samples=total_generated,
         expected_samples=expected,
         queue_size=queue_size,
@@ -251,7 +253,11 @@ def edge_runs(*, only_hybrid: bool | None = None) -> list[list[ScheduleContext]]
     mixed = {"num_standalone_replicas": 2, "num_hybrid_replicas": 2, "required_samples": 8}
     runs = [
         _edge_run({**mixed, "trigger_parameter_sync_step": 2, "staleness_threshold": 0.5}, _starved),
-        _edge_run({**mixed, "trigger_parameter_sync_step": 2, "staleness_threshold": 0.0}, _slowing_sync),
+        # Staleness 0 without partial rollout: each sync waits for the running samples.
+        _edge_run(
+            {**mixed, "trigger_parameter_sync_step": 2, "staleness_threshold": 0.0, "partial_rollout": False},
+            _slowing_sync,
+        ),
         _edge_run({**mixed, "trigger_parameter_sync_step": 2, "staleness_threshold": 0.5}, _flooded, known_length=True),
         _edge_run(
             {

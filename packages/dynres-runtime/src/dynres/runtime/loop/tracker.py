@@ -186,6 +186,7 @@ class RunTracker:
             trigger_parameter_sync_step=self.trigger_parameter_sync_step,
             staleness_threshold=self.staleness_threshold,
             total_steps=self.total_steps,
+            partial_rollout=self.balancer.partial_rollout,
             total_generated_samples=self.rollouter.generated,
             expected_samples=self.step_required_samples * self.global_steps,
             queue_size=self.queue.size,
