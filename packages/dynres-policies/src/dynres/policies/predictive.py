@@ -225,8 +225,8 @@ class PredictivePolicy(Policy):
             ge=0.0,
             le=1.0,
             description="Samples each weight version admits beyond a staleness budget of less than a cycle's run-"
-            "ahead (admit_extra_samples), trained up to a cycle staler than staleness_threshold allows: off unless "
-            "the user accepts that (fraction of a cycle's samples).",
+            "ahead, of none without partial rollout (admit_extra_samples), trained up to a cycle staler than "
+            "staleness_threshold allows: off unless the user accepts that (fraction of a cycle's samples).",
         )
 
         @model_validator(mode="before")
@@ -284,9 +284,10 @@ class PredictivePolicy(Policy):
 
     def admit_extra_samples(self, ctx: ScheduleContext) -> int:
         """``extra_admission`` of a cycle's samples beyond the staleness budget (0 unless set)."""
-        if ctx.buffer_samples >= ctx.step_required_samples or ctx.only_hybrid:
-            # A cycle or more of run-ahead already keeps the replicas busy beside the tail; with no
-            # standalone replica, the deactivation before training cuts what starts beside it.
+        # Run-ahead (a cycle; without partial rollout, any, as each sync waits for the running
+        # extra samples) already keeps the replicas busy beside the tail. With no standalone
+        # replica, the deactivation before training cuts what starts beside it.
+        if ctx.buffer_samples >= (ctx.step_required_samples if ctx.partial_rollout else 1) or ctx.only_hybrid:
             return 0
         return int(self.params.extra_admission * ctx.step_required_samples)
 
