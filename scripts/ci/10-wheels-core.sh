@@ -2,7 +2,7 @@
 # CI check: dynres-core + dynres-policies work from built wheels in a fresh venv (no editable
 # install): the built-ins load by name with no import step, and a third-party distribution that
 # registers a policy in the "dynres.policies" entry-point group is found.
-# ci-lane: install (scripts/test.sh runs these side by side: pip and the disk, not the cores)
+# ci-lane: beside-lint (scripts/test.sh runs it beside lint: it judges no timing)
 set -euo pipefail
 source "$(dirname "$0")/_lib.bash"
 ci_setup 10-wheels-core

@@ -3,7 +3,7 @@
 # Wheels of core, policies and runtime go into a fresh venv that gets `dynres-runtime` alone
 # (no testkit, no ray, no torch, no matplotlib: plots are the [plot] extra); then `dynres run` on a fake-engine local config, `dynres
 # simulate` on a preset, `dynres policies list` and `dynres config check` must all succeed.
-# ci-lane: install (scripts/test.sh runs these side by side: pip and the disk, not the cores)
+# ci-lane: beside-lint (scripts/test.sh runs it beside lint: it judges no timing)
 set -euo pipefail
 source "$(dirname "$0")/_lib.bash"
 ci_setup 15-runtime-only

@@ -3,7 +3,7 @@
 # installs of core, policies and runtime, so the simulator presets must ship as package data),
 # and the seed comparison it prints has the published shape (dynamic >= 10% faster than both
 # static splits).
-# ci-lane: install (scripts/test.sh runs these side by side: pip and the disk, not the cores)
+# ci-lane: beside-lint (scripts/test.sh runs it beside lint: it judges no timing)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # CI check: the install-from-wheels recipe of docs/installing.md, run verbatim in a copy of the
 # sources (build outputs left out), must give a working `dynres` with plots and the testkit.
-# ci-lane: install (scripts/test.sh runs these side by side: pip and the disk, not the cores)
+# ci-lane: beside-lint (scripts/test.sh runs it beside lint: it judges no timing)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PYTHON:-python3.11}

@@ -3,7 +3,7 @@
 # (examples/dynres-policy-example) and the four dynres wheels, installs them into a fresh venv,
 # then does what a policy author would: list the policies, simulate with the new one, run the
 # conformance suite through the pytest plugin, and run the package's own tests.
-# ci-lane: install (scripts/test.sh runs these side by side: pip and the disk, not the cores)
+# ci-lane: beside-lint (scripts/test.sh runs it beside lint: it judges no timing)
 set -euo pipefail
 source "$(dirname "$0")/_lib.bash"
 ci_setup 30-example-package

@@ -2,7 +2,7 @@
 # CI check: dynres-verl from built wheels in a fresh venv. `pip install dynres-verl` brings verl;
 # then `import verl` registers every dynres policy in verl's registry as dynres:<name>, and verl's
 # own build_policy builds dynres:default and dynres:fixed_ratio; verl:default resolves in dynres.
-# ci-lane: install (scripts/test.sh runs these side by side: pip and the disk, not the cores)
+# ci-lane: beside-lint (scripts/test.sh runs it beside lint: it judges no timing)
 set -euo pipefail
 source "$(dirname "$0")/_lib.bash"
 ci_setup 60-verl-wheels
