@@ -115,6 +115,13 @@ def test_context_carries_the_runs_partial_rollout_setting(partial: bool) -> None
     assert len(pol.seen) == 3 and {c.partial_rollout for c in pol.seen} == {partial}
 
 
+@pytest.mark.parametrize("shared", [True, False])
+def test_context_carries_the_scenarios_shared_host(shared: bool) -> None:
+    pol = Recording({"deactivate_ratio": 0.6})
+    simulate("seed-dynamic-16-16", policy=pol, overrides={"steps": 2, "cluster.shared_host": shared})
+    assert len(pol.seen) == 3 and {c.shared_host for c in pol.seen} == {shared}
+
+
 def test_queue_size_end_is_read_before_the_end_of_cycle_activation() -> None:
     # queue_size_end is the queue after the cycle's sync, what the policy's end-of-cycle context
     # shows, capped at max_required - step_required. Read after the activation (offload, wake-up,

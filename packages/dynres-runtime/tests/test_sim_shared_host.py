@@ -232,3 +232,37 @@ def test_verl_runs_are_fitted_without_a_shared_host() -> None:
     fit = fit_scenario(read_metrics(data / "verl-fully-async-metrics.jsonl"))
     assert fit.load().cluster.shared_host is False
     assert "GPUs" in fit.notes["cluster.shared_host"]
+
+
+# ---- A real run tells its policy ---------------------------------------------------------------
+
+
+class _Replica:
+    """Just an id: build_spec only lists the replicas."""
+
+    def __init__(self, replica_id: str) -> None:
+        self.replica_id = replica_id
+
+
+@pytest.mark.parametrize(
+    ("example", "overrides", "shared"),
+    [
+        ("tiny-grpo-cpu.yaml", {}, True),
+        ("tiny-grpo-cpu.yaml", {"ray.slot": {"GPU": 1.0, "CPU": 2.0}}, False),
+        ("fake-minimal.yaml", {}, False),
+    ],
+)
+def test_a_real_runs_policy_is_told_whether_its_engines_share_one_host(example, overrides, shared: bool) -> None:
+    from dynres.runtime.realrun.builders import build_spec
+    from dynres.runtime.realrun.config import load_run_config
+
+    examples = Path(__file__).parents[3] / "examples"
+    cfg = load_run_config(examples / example, overrides)
+    spec = build_spec(
+        standalone=[_Replica("standalone-0")],
+        hybrid=[_Replica("hybrid-0")],
+        train_engine=object(),
+        progress=None,
+        config=cfg.model_dump(),
+    )
+    assert spec.shared_host is shared

@@ -97,6 +97,11 @@ class ScheduleContext(BaseModel):
     )
     num_hybrid_replicas: int = Field(..., ge=0, description="Hybrid replicas that share the trainer's GPUs (count).")
     num_active_replicas: int = Field(0, ge=0, description="Replicas routable right now, each counted once (count).")
+    shared_host: bool = Field(
+        False,
+        description="True when every replica generates on one host's compute (one machine's CPU cores): a woken "
+        "hybrid replica then adds no throughput, it only divides what the standalone replicas had.",
+    )
     last_activate_duration_s: float = Field(
         0.0, ge=0.0, description="Wall time of the latest hybrid activation (seconds; 0 = none yet)."
     )

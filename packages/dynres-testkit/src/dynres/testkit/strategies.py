@@ -73,6 +73,7 @@ def _cluster(draw: st.DrawFn, only_hybrid: bool | None, is_hybrid_active: bool |
         "num_standalone_replicas": standalone,
         "num_hybrid_replicas": hybrid,
         "partial_rollout": draw(st.booleans()),
+        "shared_host": draw(st.booleans()),
     }
 
 
@@ -120,6 +121,7 @@ def _cycle_state(
         trigger_parameter_sync_step=trigger,
         staleness_threshold=cluster["staleness_threshold"],
         partial_rollout=cluster["partial_rollout"],
+        shared_host=cluster["shared_host"],
         total_generated_samples=total_generated,
         expected_samples=expected,
         queue_size=queue_size,
@@ -246,7 +248,7 @@ def edge_runs(*, only_hybrid: bool | None = None) -> list[list[ScheduleContext]]
       takes 60 s instead of 1 s (a sync that drains running samples, as without partial rollout);
     * ``flooded``: the queue holds all the staleness budget allows, the hybrid replicas stay
       active, and the run's length is known (the last context is its final sync);
-    * ``colocated``: the starved run on a cluster without standalone replicas.
+    * ``colocated``: the starved run on a cluster without standalone replicas, on one shared host.
 
     ``only_hybrid`` keeps the runs of that kind of cluster (None: all of them).
     """
@@ -266,6 +268,8 @@ def edge_runs(*, only_hybrid: bool | None = None) -> list[list[ScheduleContext]]
                 "required_samples": 8,
                 "trigger_parameter_sync_step": 2,
                 "staleness_threshold": 0.1,
+                # On one host too: with no standalone replica the hybrids are the only producers.
+                "shared_host": True,
             },
             _starved,
         ),

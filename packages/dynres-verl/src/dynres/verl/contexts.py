@@ -10,6 +10,7 @@ Where each field verl's context lacks comes from (docs/verl.md has the same tabl
 * ``queue_size``, ``in_flight_samples``: the rollouter's ``get_hybrid_statistics()`` at the call
   (:class:`~dynres.verl.live.RolloutSnapshot`); 0 without a rollouter.
 * ``total_steps``: the rollouter's ``get_total_train_steps()`` (verl's number of sync cycles).
+* ``shared_host``: False; verl's replicas run on GPUs, each on its own.
 * ``partial_rollout``: True, verl's default; verl passes its policy no config and its rollouter
   has no call that returns the setting.
 * ``last_train_time_s``, ``consumption_rate``, ``last_cycle_time_s``, ``generation_rate``,

@@ -214,6 +214,7 @@ class FullyAsyncRun:
             now=now,
             standalone=spec.standalone,
             hybrid=spec.hybrid,
+            shared_host=spec.shared_host,
         )
         wiring = LoopWiring(
             train_engine=spec.train_engine,

@@ -78,6 +78,9 @@ class RunSpec:
     """GPUs shared by trainer and hybrid replicas, the metric's a (count); None: config trainer GPUs."""
     standalone_gpus: int | None = None
     """GPUs of the standalone replicas, the metric's b (count); None: config rollout GPUs."""
+    shared_host: bool = False
+    """Every replica generates on one host's compute, so a woken hybrid adds no throughput (the
+    policy reads it as ScheduleContext.shared_host)."""
     keep_checkpoint: bool = False
     """Put the end-of-run checkpoint (queue, partial samples, policy state) in the report; the run
     is then one segment of a longer one, so production does not stop at this run's demand."""

@@ -92,9 +92,11 @@ class RunTracker:
         now: Callable[[], float],
         standalone: Sequence[Replica] = (),
         hybrid: Sequence[Replica] = (),
+        shared_host: bool = False,
     ) -> None:
         """Track a run over the given live objects (counts in samples and replicas); ``standalone``
-        and ``hybrid`` are the replicas whose token counters feed the ``last_*_tokens`` fields."""
+        and ``hybrid`` are the replicas whose token counters feed the ``last_*_tokens`` fields;
+        ``shared_host``: they all generate on one host's compute."""
         self.required_samples = required_samples
         """Samples per collection (count)."""
         self.trigger_parameter_sync_step = trigger_parameter_sync_step
@@ -105,6 +107,8 @@ class RunTracker:
         """Standalone replicas in the cluster (count)."""
         self.num_hybrid_replicas = num_hybrid_replicas
         """Hybrid replicas in the cluster (count)."""
+        self.shared_host = shared_host
+        """Every replica generates on one host's compute (ScheduleContext.shared_host)."""
         self.global_steps = 0
         """Completed sync cycles (count)."""
         self.last = CycleMeasurements()
@@ -199,6 +203,7 @@ class RunTracker:
             num_active_replicas=min(
                 self.balancer.num_replicas, self.num_standalone_replicas + self.num_hybrid_replicas
             ),
+            shared_host=self.shared_host,
             last_activate_duration_s=self.controller.last_activate_duration_s,
             last_deactivate_duration_s=self.controller.last_deactivate_duration_s,
             generation_rate=m.generated / m.cycle_time_s if m.cycle_time_s > 0 else 0.0,

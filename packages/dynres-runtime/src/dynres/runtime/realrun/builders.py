@@ -14,6 +14,7 @@ from typing import Any
 
 from dynres.core.config import validate_model
 from dynres.core.errors import ConfigError
+from dynres.runtime.hosts import host_facts
 from dynres.runtime.protocols import CheckpointableTrainEngine, ReplicaKind, TrainStepResult
 from dynres.runtime.realrun.config import RunConfig, load_run_policy
 
@@ -221,6 +222,7 @@ def build_spec(
         policy_timeout_s=cfg.run.policy_timeout_s,
         sleep_level=cfg.run.sleep_level,
         seed=cfg.run.seed,
+        shared_host=host_facts(cfg.model_dump(mode="json"))[0] is True,
         calibration_switches=cfg.run.calibration_switches,
         resume_from=resume,
         checkpoints=store,

@@ -398,6 +398,7 @@ def _run_spec(
         seed=sc.seed,
         hybrid_gpus=sc.cluster.trainer_gpus,
         standalone_gpus=sc.cluster.rollout_gpus,
+        shared_host=sc.cluster.shared_host,
         # A simulated operation takes exactly its modelled time: a long fit step on the virtual
         # clock is the scenario, not a hung engine, so no operation times out.
         op_timeout_s=math.inf,
