@@ -26,9 +26,11 @@ from dynres.policies.predictive_estimates import (
     Estimates,
     Forecast,
     ema,
+    first_production,
     learn_share,
     replica_ratio,
     standalone_rate,
+    throttled,
 )
 
 __all__ = ["DRAIN_MIN_RATIO", "RENAMED_PARAMS", "Estimates", "Forecast", "PredictivePolicy"]
@@ -298,6 +300,11 @@ class PredictivePolicy(Policy):
     def _decide(self, ctx: ScheduleContext, est: Estimates) -> bool:
         if ctx.num_hybrid_replicas == 0:
             return False
+        if ctx.shared_host:
+            # One host's compute: a woken hybrid divides the standalone replicas' throughput and
+            # adds none, so a window costs its switches and gains nothing (an only-hybrid cluster,
+            # where the hybrids are the only producers, was answered before this).
+            return False
         remaining = ctx.total_steps - ctx.global_steps if ctx.total_steps else -1
         if remaining == 0:
             return False  # the final sync leaves nothing to generate for
@@ -522,7 +529,7 @@ class PredictivePolicy(Policy):
             # No cycle without hybrids yet: infer the standalone production through rho.
             generated = ctx.generation_rate * cycle_s
             share = generated / (cycle_s + self.production_gain(ctx, out) * h) * train_s / step_required
-            out = learn_share(out, share, _throttled(ctx), w, replace_old=_first_production(ctx))
+            out = learn_share(out, share, throttled(ctx), w, replace_old=first_production(ctx))
         # The wait target missed by what the collections still had to wait for; a cycle
         # that never waited may have waited too long for its hybrids: lower it a little.
         drain = self.drain_samples(ctx, out)
@@ -561,7 +568,7 @@ class PredictivePolicy(Policy):
             # The first direct measurement replaces what was inferred through the prior.
             out = replace(est, standalone_share=share)
         else:
-            out = learn_share(est, share, _throttled(ctx), w, replace_old=_first_production(ctx))
+            out = learn_share(est, share, throttled(ctx), w, replace_old=first_production(ctx))
         out = replace(out, static_cycles=out.static_cycles + 1)
         if ctx.global_steps > 1:  # the run's first cycle starts from an empty pipeline
             share = idle_s / train_s
@@ -686,15 +693,3 @@ def _caller_stacklevel() -> int:
     while caller is not None and caller.f_globals.get("__name__", "").startswith(_PARAMS_PLUMBING):
         level, caller = level + 1, caller.f_back
     return level
-
-
-def _throttled(ctx: ScheduleContext) -> bool:
-    # Neither waited nor below the staleness cap: production was held back by the budget.
-    return sum(ctx.step_wait_times) <= 0 and ctx.queue_size >= ctx.buffer_samples
-
-
-def _first_production(ctx: ScheduleContext) -> bool:
-    # The run's first cycle trained on the samples that finished first, the short ones: per
-    # second of its short training the production looks low, and the second cycle's measurement
-    # replaces it instead of averaging with it.
-    return ctx.global_steps <= 2

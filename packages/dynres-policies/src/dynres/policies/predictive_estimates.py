@@ -174,3 +174,19 @@ def learn_share(
     if share < MIN_SHARE or (throttled and share <= est.standalone_share):
         return est
     return replace(est, standalone_share=share if replace_old else ema(est.standalone_share, share, weight))
+
+
+def throttled(ctx: ScheduleContext) -> bool:
+    """Whether the latest cycle's production was held back by the staleness budget: it neither
+    waited nor ended below the buffer (a production measured then is only a floor)."""
+    return sum(ctx.step_wait_times) <= 0 and ctx.queue_size >= ctx.buffer_samples
+
+
+def first_production(ctx: ScheduleContext) -> bool:
+    """Whether the latest cycle's production is the run's first measurement of it, which the next
+    replaces instead of averaging with.
+
+    The run's first cycle trained on the samples that finished first, the short ones: per second
+    of its short training the production looks low.
+    """
+    return ctx.global_steps <= 2
