@@ -24,6 +24,7 @@ from dynres.runtime.loop.driver import FullyAsyncRun, RunSpec
 from dynres.runtime.loop.report import RunReport
 from dynres.runtime.loop.restarts import RestartBudget
 from dynres.runtime.protocols import Replica
+from dynres.runtime.realrun.output import restarts_line
 from dynres.runtime.sim.virtual_time import run_virtual
 
 CFG = small_config(trainer_gpus=1)
@@ -216,8 +217,9 @@ def test_budget_counts_per_replica() -> None:
     b.begin("a", "gone")
     assert [b.next_wait("a"), b.next_wait("a")] == [1.0, 2.0] and b.left("a") == 0 and b.left("b") == 2
     t[0] = 5.0
-    assert b.returned("a") == 5.0
+    assert b.returned("a", rebuild_s=2.5) == 5.0
     assert b.records[0].cycle == 4 and b.records[0].attempts == 2 and b.records[0].seconds_to_return == 5.0
+    assert b.records[0].rebuild_s == 2.5
 
 
 def test_trainer_dying_ends_the_run_with_a_report_and_a_checkpoint(tmp_path) -> None:
@@ -254,3 +256,20 @@ def test_fake_replica_lose_sets_lost_reason() -> None:
     assert r.lost_reason is None
     r.lose()
     assert r.dead and r.lost_reason == "its process was killed"
+
+
+def test_a_restart_record_says_how_long_the_rebuild_took_and_the_run_line_shows_it() -> None:
+    cl = cluster()
+
+    async def slow_restart(old: Any) -> Any:
+        await asyncio.sleep(3.0)  # an engine build that takes 3 s of loop time
+        return await cl.restart(old)
+
+    report, ledger, _ = run_with_death(cl, at_s=2.0, replica="s1", restart_replica=slow_restart)
+    ledger.assert_exactly_once()
+    [restart] = report.replica_restarts
+    assert restart.rebuild_s == pytest.approx(3.0, abs=1e-6)
+    # the rest of the time out is the 1 s backoff and the weight load, outside the rebuild
+    assert restart.seconds_to_return is not None and 4.0 <= restart.seconds_to_return < 4.5
+    line = restarts_line(report)
+    assert line is not None and "s1 (cycle" in line and "rebuild 3.0 s, attempts 1" in line

@@ -407,7 +407,9 @@ class Controller:
         while self.restarts.left(rid) > 0:
             await asyncio.sleep(self.restarts.next_wait(rid))
             try:
+                started = self._now()
                 new = await self.ops.one("restart", rid, functools.partial(restart, old))
+                rebuild_s = self._now() - started
                 if new.replica_id != rid or new.kind != old.kind:
                     raise BackendError(f"the restarter returned {new.replica_id!r} ({new.kind}) for {rid!r}")
                 health = await self.ops.one("health", rid, new.health)
@@ -424,9 +426,11 @@ class Controller:
                 continue
             self._restarting.pop(rid, None)
             self.probation.pop(rid, None)
-            seconds = self.restarts.returned(rid)
-            self.replica_events.append(ReplicaEvent(self._now(), rid, "back", f"recreated after {seconds:.3f} s"))
-            logger.warning("replica %s recreated and back after %.1f s", rid, seconds)
+            seconds = self.restarts.returned(rid, rebuild_s)
+            self.replica_events.append(
+                ReplicaEvent(self._now(), rid, "back", f"recreated after {seconds:.3f} s (rebuild {rebuild_s:.3f} s)")
+            )
+            logger.warning("replica %s recreated and back after %.1f s (rebuild %.1f s)", rid, seconds, rebuild_s)
             return
         self._restarting.pop(rid, None)
         self.quarantine(rid, f"{reason}; its restart budget ({self.restarts.max_restarts}) is spent, last: {last}")

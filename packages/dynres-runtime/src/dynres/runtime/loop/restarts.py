@@ -32,6 +32,10 @@ class ReplicaRestart:
     its slot or active (hybrid); None when it did not come back (budget spent, or the run ended)."""
     attempts: int = 0
     """Restart attempts it took (count; each one is charged to the replica's budget)."""
+    rebuild_s: float | None = None
+    """Run-clock seconds the attempt that brought it back spent in the restarter (shutting the gone
+    replica down and building its successor); the rest of ``seconds_to_return`` is backoff, the
+    health probe and bringing it back. None when it did not come back."""
 
 
 class RestartBudget:
@@ -80,11 +84,12 @@ class RestartBudget:
             i, _ = self._open[replica_id]
             self.records[i] = dataclasses.replace(self.records[i], attempts=self.records[i].attempts + 1)
 
-    def returned(self, replica_id: str) -> float:
-        """The open episode of ``replica_id`` ended with the replica back; return its seconds out."""
+    def returned(self, replica_id: str, rebuild_s: float) -> float:
+        """The open episode of ``replica_id`` ended with the replica back, its last attempt's restarter
+        having taken ``rebuild_s`` seconds; return its seconds out."""
         i, since = self._open.pop(replica_id)
         seconds = self._now() - since
-        self.records[i] = dataclasses.replace(self.records[i], seconds_to_return=seconds)
+        self.records[i] = dataclasses.replace(self.records[i], seconds_to_return=seconds, rebuild_s=rebuild_s)
         return seconds
 
     def given_up(self, replica_id: str) -> None:

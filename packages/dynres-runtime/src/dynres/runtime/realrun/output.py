@@ -62,7 +62,11 @@ def restarts_line(report: Any) -> str | None:
         return None
     parts = [
         f"{r.replica} (cycle {r.cycle}) "
-        + (f"back in {r.seconds_to_return:.1f} s" if r.seconds_to_return is not None else "not back")
+        + (
+            f"back in {r.seconds_to_return:.1f} s (rebuild {r.rebuild_s or 0:.1f} s, attempts {r.attempts})"
+            if r.seconds_to_return is not None
+            else "not back"
+        )
         for r in restarts
     ]
     return f"replica restarts: {len(restarts)}: {'; '.join(parts)} (causes: report.json replica_restarts)"
