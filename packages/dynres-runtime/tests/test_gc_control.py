@@ -80,6 +80,19 @@ def test_run_gc_control_leaves_a_freeze_of_the_host_program_in_place() -> None:
     assert _in_a_generation(host_object)
 
 
+def test_run_gc_control_leaves_a_freeze_the_host_made_during_the_run_in_place() -> None:
+    with run_gc_control():
+        host_object: list[Any] = [["frozen by the host while the run went on"]]
+        gc.freeze()
+        assert not _in_a_generation(host_object)
+    # Unfreezing at the end would undo the host's freeze too (CPython unfreezes all at once).
+    try:
+        assert not _in_a_generation(host_object)
+    finally:
+        gc.unfreeze()
+    assert _in_a_generation(host_object)
+
+
 def _in_a_generation(obj: Any) -> bool:
     # A frozen object is in the permanent generation, which gc.get_objects(g) does not list.
     return any(o is obj for g in range(3) for o in gc.get_objects(g))

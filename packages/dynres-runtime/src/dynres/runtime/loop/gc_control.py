@@ -16,6 +16,9 @@ those pauses away:
    CPython can only unfreeze everything at once (``gc.unfreeze()``), which would undo the
    host's own freeze, so the runtime then leaves its objects frozen too (they are start-up
    objects that live as long as the host's; the host's next ``gc.unfreeze()`` releases both).
+   The same holds for a freeze the host makes during the run: the runtime notices it as more
+   frozen objects at the end than right after its own freeze (frozen objects only leave by
+   dying), and leaves everything frozen.
 2. **Transitions** (:func:`no_full_collection`, held by the controller while it activates,
    deactivates or rebalances, and by the balancer while aborted requests wait to be retried):
    full collections are deferred, a young collection runs every ``_YOUNG`` (300) net
@@ -43,7 +46,7 @@ from collections.abc import Iterator
 _NEVER = 1 << 30
 _YOUNG = 300
 _MIDDLE_EVERY = 1
-_state = {"runs": 0, "deferrals": 0, "host_frozen": 0}
+_state = {"runs": 0, "deferrals": 0, "host_frozen": 0, "run_frozen": 0}
 _saved: dict[str, int] = {}
 
 
@@ -55,13 +58,14 @@ def run_gc_control() -> Iterator[None]:
         _state["host_frozen"] = gc.get_freeze_count()
         gc.collect()
         gc.freeze()
+        _state["run_frozen"] = gc.get_freeze_count()
     _state["runs"] += 1
     try:
         yield
     finally:
         _state["runs"] -= 1
         if _state["runs"] == 0:
-            if not _state["host_frozen"]:
+            if not _state["host_frozen"] and gc.get_freeze_count() <= _state["run_frozen"]:
                 gc.unfreeze()
             if _state["deferrals"]:
                 # A balancer whose loop closed mid-burst never ends its stretch; the process
