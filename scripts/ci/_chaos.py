@@ -42,11 +42,12 @@ RESTART_PER_START = 3.0
 """On a slower machine the limit is this many times the run's own first engine start
 (backend.json engines_start_s): a restart builds its engine while the run keeps the cores busy, and
 here both killed replicas rebuild at once. CI has measured 1.1x (174 s to engines up, 194 s back, at
-load) and 2.25x (55 s up, 122-124 s back); 3x leaves room for that spread and still fails a restart
-that waits out a whole extra attempt."""
+load) and 2.25x (55 s up, 122-124 s back); 3x leaves room for that spread. A failed attempt and its
+retry show in the time outside the rebuild (OUTSIDE_REBUILD_S), which has its own limit."""
 OUTSIDE_REBUILD_S = 30.0
-"""Longest a killed replica's return may take beyond its engine's rebuild (seconds): the 1 s backoff,
-the health probe and the weight load, the part the controller owns (seen here: 1.1-1.3 s)."""
+"""Longest a killed replica's return may take beyond the rebuild of the attempt that brought it back
+(seconds): the 1 s backoff, the health probe and the weight load, the part the controller owns, and
+any failed attempt before it (seen here: 1.0-1.3 s)."""
 KEY = "cycle_mean/reward/mean"
 LEARNED = 0.1
 """Rise of the reward by the checkpoint over the first 3 cycles above which the model has learned

@@ -34,8 +34,8 @@ class ReplicaRestart:
     """Restart attempts it took (count; each one is charged to the replica's budget)."""
     rebuild_s: float | None = None
     """Run-clock seconds the attempt that brought it back spent in the restarter (shutting the gone
-    replica down and building its successor); the rest of ``seconds_to_return`` is backoff, the
-    health probe and bringing it back. None when it did not come back."""
+    replica down and building its successor); the rest of ``seconds_to_return`` is the backoffs, any
+    failed attempt before it, the health probe and bringing it back. None when it did not come back."""
 
 
 class RestartBudget:
