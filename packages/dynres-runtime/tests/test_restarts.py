@@ -273,3 +273,23 @@ def test_a_restart_record_says_how_long_the_rebuild_took_and_the_run_line_shows_
     assert restart.seconds_to_return is not None and 4.0 <= restart.seconds_to_return < 4.5
     line = restarts_line(report)
     assert line is not None and "s1 (cycle" in line and "rebuild 3.0 s, attempts 1" in line
+
+
+def test_a_failed_attempt_counts_outside_the_rebuild_of_the_one_that_brought_it_back() -> None:
+    cl = cluster()
+    calls: list[float] = []
+
+    async def flaky_restart(old: Any) -> Any:
+        calls.append(asyncio.get_running_loop().time())
+        if len(calls) == 1:
+            await asyncio.sleep(0.5)
+            raise BackendError("the new engine did not start")
+        await asyncio.sleep(1.0)
+        return await cl.restart(old)
+
+    report, ledger, _ = run_with_death(cl, at_s=2.0, replica="s1", restart_replica=flaky_restart)
+    ledger.assert_exactly_once()
+    [restart] = report.replica_restarts
+    assert restart.attempts == 2 and restart.rebuild_s == pytest.approx(1.0, abs=1e-6)
+    # backoffs of 1 s and 2 s, the failed 0.5 s attempt, the 1 s rebuild, then the weight load
+    assert restart.seconds_to_return is not None and 4.5 <= restart.seconds_to_return < 5.0
