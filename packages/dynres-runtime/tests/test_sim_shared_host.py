@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from dynres.runtime.backends.fake import FakeReplica, FakeTrainEngine
 from dynres.runtime.protocols import GenerationRequest
 from dynres.runtime.sim import simulate
 from dynres.runtime.sim.bound import BoundInputs, CycleWork, lower_bound
@@ -237,13 +238,6 @@ def test_verl_runs_are_fitted_without_a_shared_host() -> None:
 # ---- A real run tells its policy ---------------------------------------------------------------
 
 
-class _Replica:
-    """Just an id: build_spec only lists the replicas."""
-
-    def __init__(self, replica_id: str) -> None:
-        self.replica_id = replica_id
-
-
 @pytest.mark.parametrize(
     ("example", "overrides", "shared"),
     [
@@ -259,9 +253,9 @@ def test_a_real_runs_policy_is_told_whether_its_engines_share_one_host(example, 
     examples = Path(__file__).parents[3] / "examples"
     cfg = load_run_config(examples / example, overrides)
     spec = build_spec(
-        standalone=[_Replica("standalone-0")],
-        hybrid=[_Replica("hybrid-0")],
-        train_engine=object(),
+        standalone=[FakeReplica("standalone-0", "standalone")],
+        hybrid=[FakeReplica("hybrid-0", "hybrid")],
+        train_engine=FakeTrainEngine(),
         progress=None,
         config=cfg.model_dump(),
     )
