@@ -78,6 +78,7 @@ def test_a_sweep_shows_which_param_moves_the_result(sweep, tmp_path, capsys) -> 
     moved = figures["variants"]["predictive[activate_at_start_min_gain=2.0]"]
     assert moved["change_pct"] != 0.0
     assert figures["sensitivity_pct"]["activate_at_start_min_gain"] == pytest.approx(abs(moved["change_pct"]))
+    assert figures["changed_scenarios"]["activate_at_start_min_gain"] == 1  # the one scenario moved
     printed = capsys.readouterr().out
     assert "predictive[activate_at_start_min_gain=0.5]" in printed
-    assert "sensitivity (largest geomean change of a param's variants):" in printed
+    assert "sensitivity (largest geomean change of a param's variants;" in printed
