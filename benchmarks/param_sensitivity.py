@@ -1,7 +1,7 @@
 """How much a policy's result moves when one of its constants moves: a one-at-a-time sweep.
 
     .venv/bin/python benchmarks/param_sensitivity.py [--policy predictive] [--param NAME ...]
-        [--factors 0.5,2] [--seeds N] [--jobs J] [--sample N --sample-seed S | --scenario NAME ...]
+        [--factors 0.5,2] [--seeds N] [--jobs J] [--sample N --sample-seed S [--sample-steps C] | --scenario NAME ...]
         [--json FILE]
 
 Every numeric param of the policy whose default is not 0 runs at its default times each factor
@@ -169,17 +169,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--factors", default="0.5,2", help="comma-separated multiples of each default (default 0.5,2)")
     ap.add_argument("--seeds", type=int, default=1, help="seeds per (scenario, variant), 0 .. N-1 (default 1)")
     ap.add_argument("--jobs", type=int, default=1, help="simulations run in parallel processes (default 1)")
-    ap.add_argument("--scenario", action="append", help="preset or scenario file (default: every preset)")
-    ap.add_argument("--sample", type=int, metavar="N", help="run N drawn scenarios instead of the presets")
-    ap.add_argument("--sample-seed", type=int, metavar="S", help="the draw's seed (1: development draws)")
+    pb.add_scenario_args(ap)
     ap.add_argument("--json", help="also write the per-run rows and the figures to this file")
     args = ap.parse_args(argv)
     if args.seeds < 1 or args.jobs < 1:
         ap.error("--seeds and --jobs must be >= 1")
-    if (args.sample is None) != (args.sample_seed is None):
-        ap.error("--sample N and --sample-seed S go together")
-    if args.sample is not None and args.scenario:
-        ap.error("--sample replaces the presets; give it or --scenario, not both")
+    pb.check_scenario_args(args, ap)
     try:
         factors = [float(f) for f in args.factors.split(",") if f.strip()]
     except ValueError:
@@ -190,13 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     swept, skipped = variants(args.policy, factors, args.param)
     if not swept:
         ap.error(f"nothing to sweep for {args.policy!r}: " + "; ".join(skipped))
-    names: list[Any]
-    if args.sample is not None:
-        from dynres.runtime.sim.sampling import sample_scenarios
-
-        names = [sc for sc, _ in sample_scenarios(args.sample_seed, args.sample)]
-    else:
-        names = list(pb.scenarios(args.scenario))
+    names = pb.chosen_scenarios(args)
     entries = [*BASELINES, args.policy] + [entry for _, entry in swept]
     jobs = [(sc, entry, seed) for sc in names for entry in entries for seed in range(args.seeds)]
     size = f"{len(names)} scenarios x {args.seeds} seeds: {len(jobs)} runs"

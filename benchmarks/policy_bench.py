@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/policy_bench.py [--seeds N] [--jobs J] [--scenario NAME ...]
         [--policies default,static_fully_async,fixed_ratio,predictive] [--json FILE] [--headroom]
-        [--sample N --sample-seed S]
+        [--sample N --sample-seed S [--sample-steps C]]
 
 Each preset runs with dynamic scheduling switched on (``use_dynamic_resource_scheduling:
 true``), so that a static preset is the same cluster with hybrid replicas available; presets
@@ -29,7 +29,8 @@ hindsight, and that choice's geomean against ``default``: what a policy able to 
 those configurations for each scenario in advance would reach (no single policy does).
 
 ``--sample N --sample-seed S`` runs over N scenarios drawn by ``dynres scenario sample --seed S``
-(``dynres.runtime.sim.sampling``) instead of the presets. Tune on the development draws
+(``dynres.runtime.sim.sampling``) instead of the presets; ``--sample-steps C`` runs the same
+workloads for C sync cycles instead of the sampler's 20. Tune on the development draws
 (``--sample-seed 1``); report on the reporting draws (``--sample-seed 1000``), which no change to a
 policy may be tuned on (docs/simulator.md). The last line is the summary
 
@@ -76,6 +77,43 @@ def scenarios(names: list[str] | None) -> list[str]:
         seen[text] = name
         out.append(name)
     return out
+
+
+def add_scenario_args(ap: argparse.ArgumentParser) -> None:
+    """The options that choose what runs: presets (``--scenario``) or a draw (``--sample``...)."""
+    ap.add_argument("--scenario", action="append", help="preset or scenario file (default: every preset)")
+    ap.add_argument("--sample", type=int, metavar="N", help="run N drawn scenarios instead of the presets")
+    ap.add_argument(
+        "--sample-seed", type=int, metavar="S", help="the draw's seed (1: development draws, 1000: reporting draws)"
+    )
+    ap.add_argument(
+        "--sample-steps",
+        type=int,
+        metavar="C",
+        help="sync cycles of each drawn scenario (default: the sampler's 20); the workloads stay the seed's",
+    )
+
+
+def check_scenario_args(args: argparse.Namespace, ap: argparse.ArgumentParser) -> None:
+    """Refuse a combination of add_scenario_args' options that does not name one set of scenarios."""
+    if (args.sample is None) != (args.sample_seed is None):
+        ap.error("--sample N and --sample-seed S go together")
+    if args.sample is not None and args.scenario:
+        ap.error("--sample replaces the presets; give it or --scenario, not both")
+    if args.sample_steps is not None and args.sample is None:
+        ap.error("--sample-steps sets the run length of drawn scenarios; give --sample N --sample-seed S too")
+    if args.sample_steps is not None and args.sample_steps < 1:
+        ap.error(f"--sample-steps must be >= 1 sync cycles, got {args.sample_steps}")
+
+
+def chosen_scenarios(args: argparse.Namespace) -> list[str | dict[str, Any]]:
+    """The presets or files to run, or the drawn scenario mappings, as add_scenario_args chose."""
+    if args.sample is None:
+        return list(scenarios(args.scenario))
+    from dynres.runtime.sim.sampling import STEPS, sample_scenarios
+
+    steps = STEPS if args.sample_steps is None else args.sample_steps
+    return [sc for sc, _ in sample_scenarios(args.sample_seed, args.sample, steps)]
 
 
 def parse_policy(spec: str) -> tuple[str, dict[str, Any]]:
@@ -242,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=3, help="seeds per (scenario, policy), 0 .. N-1 (default 3)")
     ap.add_argument("--jobs", type=int, default=1, help="simulations run in parallel processes (default 1)")
-    ap.add_argument("--scenario", action="append", help="preset or scenario file (default: every preset)")
+    add_scenario_args(ap)
     ap.add_argument(
         "--policies",
         default=",".join(POLICIES),
@@ -257,30 +295,17 @@ def main(argv: list[str] | None = None) -> int:
         help="the --policies entry the targets and the summary line judge (default predictive)",
     )
     ap.add_argument("--json", help="also write the per-run rows and the summary to this file")
-    ap.add_argument("--sample", type=int, metavar="N", help="run N drawn scenarios instead of the presets")
-    ap.add_argument(
-        "--sample-seed", type=int, metavar="S", help="the draw's seed (1: development draws, 1000: reporting draws)"
-    )
     args = ap.parse_args(argv)
     if args.seeds < 1 or args.jobs < 1:
         ap.error("--seeds and --jobs must be >= 1")
-    if (args.sample is None) != (args.sample_seed is None):
-        ap.error("--sample N and --sample-seed S go together")
-    if args.sample is not None and args.scenario:
-        ap.error("--sample replaces the presets; give it or --scenario, not both")
+    check_scenario_args(args, ap)
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     for pol in policies:
         check_policy(pol)  # a malformed entry, unknown policy or bad param stops here, before any run
     if args.judge is not None and args.judge not in policies:
         ap.error(f"--judge {args.judge!r} is not one of --policies ({', '.join(policies)})")
     judge = args.judge or "predictive"
-    names: list[str | dict[str, Any]]
-    if args.sample is not None:
-        from dynres.runtime.sim.sampling import sample_scenarios
-
-        names = [sc for sc, _ in sample_scenarios(args.sample_seed, args.sample)]
-    else:
-        names = list(scenarios(args.scenario))
+    names = chosen_scenarios(args)
     jobs = [(sc, pol, seed) for sc in names for pol in policies for seed in range(args.seeds)]
     if args.jobs == 1:
         rows = []

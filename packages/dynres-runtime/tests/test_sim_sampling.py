@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import random
 import re
 
@@ -96,6 +97,52 @@ def test_bad_counts_and_seeds_are_one_line_errors_before_anything_is_written(tmp
     res = CliRunner().invoke(main, ["scenario", "sample", "--seed", "4", "--count", "3", "--out", str(out)])
     assert res.exit_code == 0 and "wrote 3 scenarios" in res.output
     assert sorted(p.name for p in out.iterdir()) == ["sample-4-000.yaml", "sample-4-001.yaml", "sample-4-002.yaml"]
+
+
+def test_a_longer_run_of_a_draw_keeps_its_workloads(tmp_path):
+    short = list(sample_scenarios(7, 5))
+    long = list(sample_scenarios(7, 5, steps=60))
+    for (a, drawn_a), (b, drawn_b) in zip(short, long, strict=True):
+        assert (a["steps"], b["steps"]) == (20, 60)
+        assert {**a, "steps": 0} == {**b, "steps": 0}  # the same model, cluster, workload and costs
+        assert drawn_a == drawn_b
+    out = tmp_path / "long"
+    res = CliRunner().invoke(
+        main, ["scenario", "sample", "--seed", "7", "--count", "2", "--steps", "60", "--out", str(out)]
+    )
+    assert res.exit_code == 0, res.output
+    first = out / "sample-7-000.yaml"
+    assert first.read_text().startswith("# Drawn by `dynres scenario sample --seed 7 --steps 60` ")
+    assert load_scenario(str(first)).steps == 60
+
+
+def test_a_run_length_below_one_cycle_is_refused_before_anything_is_written(tmp_path):
+    with pytest.raises(ConfigError, match="--steps must be >= 1 sync cycles, got 0"):
+        list(sample_scenarios(7, 5, steps=0))
+    out = tmp_path / "none"
+    res = CliRunner().invoke(
+        main, ["scenario", "sample", "--seed", "7", "--count", "2", "--steps", "0", "--out", str(out)]
+    )
+    assert res.exit_code == 2 and res.output.count("\n") == 1 and "--steps must be >= 1" in res.output
+    assert not out.exists()
+
+
+def test_the_benches_run_a_draw_at_the_run_length_asked_for(capsys):
+    bench = load_bench("policy_bench.py")
+    ap = argparse.ArgumentParser()
+    bench.add_scenario_args(ap)
+    args = ap.parse_args(["--sample", "3", "--sample-seed", "1", "--sample-steps", "60"])
+    bench.check_scenario_args(args, ap)
+    drawn = bench.chosen_scenarios(args)
+    assert [sc["steps"] for sc in drawn] == [60, 60, 60]
+    assert [sc["name"] for sc in drawn] == ["sample-1-000", "sample-1-001", "sample-1-002"]
+    for bad, says in (
+        (["--sample-steps", "60"], "give --sample N"),
+        (["--sample", "3", "--sample-seed", "1", "--sample-steps", "0"], ">= 1"),
+    ):
+        with pytest.raises(SystemExit):
+            bench.main(["--policies", "default", *bad])
+        assert says in capsys.readouterr().err
 
 
 def test_the_policy_bench_ends_with_the_summary_line():

@@ -215,7 +215,13 @@ def _print_comparison(cmp: Any, console: Any) -> None:
 @click.option("--seed", type=int, required=True, help="Seed of the draw: the same seed writes the same files.")
 @click.option("--count", type=int, required=True, help="Scenarios to write (count, >= 1).")
 @click.option("--out", "out", required=True, metavar="DIR", help="Folder to write sample-<seed>-<i>.yaml into.")
-def sample_command(seed: int, count: int, out: str) -> None:
+@click.option(
+    "--steps",
+    type=int,
+    default=None,
+    help="Sync cycles of each scenario (count, >= 1; default 20). The workloads stay those of the seed.",
+)
+def sample_command(seed: int, count: int, out: str, steps: int | None) -> None:
     """Write COUNT scenario files drawn with SEED into DIR (docs/simulator.md: the distribution).
 
     Each is physically coherent: model size, GPUs, tensor parallelism, decode and train speed, and
@@ -225,11 +231,12 @@ def sample_command(seed: int, count: int, out: str) -> None:
         dynres scenario sample --seed 100 --count 60 --out draws/report
     """
     from dynres.runtime.cli.paths import check_output_dir
-    from dynres.runtime.sim.sampling import sample_scenarios, write_samples
+    from dynres.runtime.sim.sampling import STEPS, sample_scenarios, write_samples
 
-    list(sample_scenarios(seed, 1))  # a bad --seed or --count fails before the folder is made
+    cycles = STEPS if steps is None else steps
+    list(sample_scenarios(seed, 1, cycles))  # a bad --seed, --count or --steps fails before the folder is made
     if count < 1:
         raise click.BadParameter("must be >= 1", param_hint="--count")
     check_output_dir(Path(out), "--out")
-    paths = write_samples(seed, count, Path(out))
+    paths = write_samples(seed, count, Path(out), cycles)
     click.echo(f"wrote {len(paths)} scenarios to {out} ({paths[0].name} .. {paths[-1].name})")

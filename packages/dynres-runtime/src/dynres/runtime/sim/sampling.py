@@ -77,7 +77,7 @@ PEAK_BATCH = 128
 """Sequences a replica decodes together at its peak (count)."""
 
 STEPS = 20
-"""Sync cycles of every sampled scenario (count)."""
+"""Sync cycles of every sampled scenario unless the caller asks for another count (count)."""
 
 TRAIN_FLOPS_PER_PARAM = 10.0
 """Trainer FLOPs per active parameter and token: forward and backward (6), the old-policy and the
@@ -167,8 +167,8 @@ def _costs(
     }
 
 
-def draw_scenario(rng: random.Random, name: str) -> tuple[dict[str, Any], Draw]:
-    """One scenario mapping (validated by the caller) and the facts it came from."""
+def draw_scenario(rng: random.Random, name: str, steps: int = STEPS) -> tuple[dict[str, Any], Draw]:
+    """One scenario mapping of ``steps`` sync cycles (validated by the caller) and the facts it came from."""
     model, total_b, active_b, gpu, tp, weight_bytes = _draw_hardware(rng)
     flops, bandwidth, _ = GPUS[gpu]
     trainer_gpus, rollout_gpus = _cluster(rng, tp)
@@ -206,7 +206,7 @@ def draw_scenario(rng: random.Random, name: str) -> tuple[dict[str, Any], Draw]:
             f"{trainer_gpus}+{rollout_gpus} GPUs {'TP8xPP2' if tp == 16 else f'TP{tp}'}"
             f"{', FP8' if weight_bytes == 1.0 else ''}"
         ),
-        "steps": STEPS,
+        "steps": steps,
         "seed": 0,
         "async_training": {
             "use_dynamic_resource_scheduling": True,
@@ -246,28 +246,35 @@ def draw_scenario(rng: random.Random, name: str) -> tuple[dict[str, Any], Draw]:
     return scenario, Draw(model, total_b, active_b, gpu, sync_gbps, pcie_gbps, mfu, round(scale, 3))
 
 
-def sample_scenarios(seed: int, count: int) -> Iterator[tuple[dict[str, Any], Draw]]:
-    """``count`` validated scenario mappings drawn with ``seed`` (the same seed, the same scenarios)."""
+def sample_scenarios(seed: int, count: int, steps: int = STEPS) -> Iterator[tuple[dict[str, Any], Draw]]:
+    """``count`` validated scenario mappings drawn with ``seed`` (the same seed, the same scenarios).
+
+    ``steps`` (sync cycles of each) changes nothing else of a draw: the same seed at another run
+    length gives the same workloads, run longer.
+    """
     if count < 1:
         raise ConfigError(f"--count must be >= 1 scenarios, got {count}")
     if seed < 0:
         raise ConfigError(f"--seed must be >= 0, got {seed}")
+    if steps < 1:
+        raise ConfigError(f"--steps must be >= 1 sync cycles, got {steps}")
     rng = random.Random(seed)
     for i in range(count):
         name = f"sample-{seed}-{i:03d}"
-        scenario, draw = draw_scenario(rng, name)
+        scenario, draw = draw_scenario(rng, name, steps)
         validate_model(Scenario, scenario, name)  # a draw the model refuses is a sampler bug: raise
         yield scenario, draw
 
 
-def write_samples(seed: int, count: int, out: Path) -> list[Path]:
+def write_samples(seed: int, count: int, out: Path, steps: int = STEPS) -> list[Path]:
     """Write the scenarios of :func:`sample_scenarios` as ``out/sample-<seed>-<i>.yaml``; return the paths."""
     out.mkdir(parents=True, exist_ok=True)
     paths = []
-    for scenario, draw in sample_scenarios(seed, count):
+    command = f"dynres scenario sample --seed {seed}" + (f" --steps {steps}" if steps != STEPS else "")
+    for scenario, draw in sample_scenarios(seed, count, steps):
         path = out / f"{scenario['name']}.yaml"
         header = (
-            f"# Drawn by `dynres scenario sample --seed {seed}` (dynres.runtime.sim.sampling): "
+            f"# Drawn by `{command}` (dynres.runtime.sim.sampling): "
             f"{draw.model} model, {draw.total_b:.1f}B parameters ({draw.active_b:.2f}B active), "
             f"{draw.gpu} GPUs, weight sync at {draw.sync_gbps:.1f} GB/s, PCIe {draw.pcie_gbps:.1f} GB/s, "
             f"MFU {draw.mfu:.2f}; simulated at 1/{draw.scale:g} scale (one sample stands for {draw.scale:g}).\n"
