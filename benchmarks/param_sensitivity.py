@@ -48,10 +48,9 @@ def variants(
     from dynres.core.loading import load_policy
 
     try:
-        params_model = type(load_policy(policy, {}).params)
+        fields = type(load_policy(policy, {}).params).model_fields
     except (DynresError, AttributeError) as exc:
         raise SystemExit(f"param_sensitivity: policy {policy!r} has no params to sweep ({exc})") from None
-    fields = params_model.model_fields
     unknown = [name for name in only or [] if name not in fields]
     if unknown:
         raise SystemExit(
