@@ -2,9 +2,12 @@
 
     .venv/bin/python benchmarks/fidelity_bench.py [--config examples/tiny-grpo-cpu.yaml]
         [--steps N] [--repeats K] [--seeds N] [--out DIR] [--predict default,predictive] [--json]
-        [--reuse]
+        [--reuse [POLICIES]]
 
 ``--reuse`` runs nothing: it reads the runs a previous call left in DIR and predicts again.
+``--reuse default`` reads only the named policies' runs (``DIR/rep<k>/<policy>``, left by a
+previous call or by ``dynres run --out``) and runs the others: CI measures ``default`` by the tiny
+run it checks anyway, one engine start-up fewer.
 
 1. Runs the config for real with ``static_fully_async`` (benchmarks/tiny_grpo_bench.run_one),
    ``--repeats`` times. Each run measures one idle switch before its first cycle (the switch
@@ -82,6 +85,17 @@ def load_run(run_dir: Path) -> dict:
     }
 
 
+def reused_policies(spec: str, policies: list[str], ap: argparse.ArgumentParser) -> set[str]:
+    """The policies ``--reuse`` names (``*``: all of them; empty: none); an unknown one stops the bench."""
+    if spec == "*":
+        return set(policies)
+    named = {p.strip() for p in spec.split(",") if p.strip()}
+    unknown = sorted(named - set(policies))
+    if unknown:
+        ap.error(f"--reuse {','.join(unknown)}: not among this call's policies ({', '.join(policies)}); name those")
+    return named
+
+
 def judge_pair(a: dict, b: dict, tie: float = TIE) -> tuple[bool, str]:
     """The ranking verdict on one pair of rows (module text): (PASS?, the line that says why).
 
@@ -132,7 +146,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--predict", default="default,predictive", help="policies to predict and then measure")
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
     ap.add_argument(
-        "--reuse", action="store_true", help="no real runs: read the runs a previous call left in --out (re-predict)"
+        "--reuse",
+        nargs="?",
+        const="*",
+        default="",
+        metavar="POLICIES",
+        help="read the runs left in --out/rep<k>/<policy> instead of running them: every policy's (no value) "
+        "or only these (comma-separated)",
     )
     args = ap.parse_args(argv)
     if args.repeats < 1:
@@ -148,11 +168,21 @@ def main(argv: list[str] | None = None) -> int:
     check_policies([FITTED_POLICY, *others])
     out = Path(args.out)
     policies = [FITTED_POLICY, *others]
+    reused = reused_policies(args.reuse, policies, ap)
+    # Checked before any run starts: a missing folder would otherwise stop the bench after the
+    # runs it did start.
+    for policy in reused:
+        for k in range(args.repeats):
+            if not (out / f"rep{k}" / policy / "report.json").is_file():
+                ap.error(
+                    f"--reuse {policy}: {out / f'rep{k}' / policy / 'report.json'} is missing; run that policy "
+                    f"into {out / f'rep{k}' / policy} first (dynres run --out), or drop it from --reuse"
+                )
     runs: dict[str, list[dict]] = {p: [] for p in policies}
 
     def measure(policy: str, k: int) -> None:
         run_dir = out / f"rep{k}" / policy
-        if args.reuse:
+        if policy in reused:
             runs[policy].append(load_run(run_dir))
             return
         print(f"running {policy} ({k + 1}/{args.repeats}) ...", file=sys.stderr, flush=True)
