@@ -5,7 +5,8 @@
 # goes on with `dynres run --resume`. scripts/ci/_chaos.py does it and checks, from the run
 # folder's files: each replica back within its limit, nothing quarantined, the ledger exactly
 # once over both segments (0 lost, 0 duplicated), cycles and weight_version continuing, the
-# reward picking up where the checkpoint left it. Node loss is test_ray_multinode.py (pytest).
+# trainer's optimizer state and reward picking up where the checkpoint left it. Node loss is
+# test_ray_multinode.py (pytest).
 # Two engine start-ups dominate its time: about 3 minutes on 2 idle cores (more when they are busy).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
