@@ -344,6 +344,19 @@ def test_a_denormal_generation_rate_is_no_measurement_and_the_state_stays_storab
     json.dumps(p.state_dict(), allow_nan=False)  # raises on a non-finite number
 
 
+def test_a_denormal_training_time_is_no_measurement_and_the_state_stays_storable() -> None:
+    # Hypothesis found it: with no consumption rate the policy reads the training time itself, and
+    # one of 5e-324 s made the idle per second of training infinite in the checkpoint.
+    p = PredictivePolicy()
+    ctxs = [
+        make_ctx(global_steps=k, last_cycle_time_s=1.0, last_train_time_s=5e-324, consumption_rate=0.0)
+        for k in (1, 2, 3)
+    ]
+    run(p, ctxs)
+    assert p.est.static_idle_share == -1.0  # nothing learned from it
+    json.dumps(p.state_dict(), allow_nan=False)  # raises on a non-finite number
+
+
 @pytest.mark.parametrize(
     ("change", "match"),
     [

@@ -23,6 +23,7 @@ from dynres.policies.predictive_estimates import (
     MAX_GAIN,
     MAX_SECONDS,
     MIN_SHARE,
+    MIN_TRAIN_SECONDS,
     Estimates,
     Forecast,
     ema,
@@ -490,7 +491,7 @@ class PredictivePolicy(Policy):
             train_s = ctx.step_required_samples / ctx.consumption_rate
         else:
             train_s = ctx.last_train_time_s
-        if not (0 < train_s < MAX_SECONDS):
+        if not (MIN_TRAIN_SECONDS <= train_s < MAX_SECONDS):
             # Nothing measured, or a rate too small to be a measurement. The queue is still this
             # cycle's end: the next cycle's stock is counted from it, not from one cycle earlier.
             return replace(est, queue_end=float(ctx.queue_size))

@@ -157,6 +157,10 @@ drained many more may still be under twice as long)."""
 MAX_SECONDS = 1e9
 """Durations beyond this (about 30 years) are not measurements (seconds)."""
 
+MIN_TRAIN_SECONDS = 1e-9
+"""Training times below this are not measurements (seconds): the policy divides idle by them, and
+a few denormal seconds make the idle share infinite, which a checkpoint cannot store."""
+
 MAX_GAIN = 1e6
 """Hybrid over standalone token rates beyond this are not measurements (ratio)."""
 
