@@ -49,6 +49,10 @@ class Recorder(Policy):
         self.calls.append("should_activate_after_step")
         return False
 
+    def should_abandon_activation(self, ctx: ScheduleContext) -> bool:
+        self.calls.append("should_abandon_activation")
+        return True
+
     def should_rebalance(self, ctx: ScheduleContext) -> bool:
         self.calls.append("should_rebalance")
         return True
@@ -248,10 +252,38 @@ def test_without_plugins_the_policy_answers():
     assert bp.deactivate_wait_samples(ctx) == 5
     assert bp.deactivate_grace_s(ctx) == 2.5
     assert bp.should_activate_after_step(ctx) is False
+    assert bp.should_abandon_activation(ctx) is True
     assert bp.should_rebalance(ctx) is True
     assert bp.admit_extra_samples(ctx) == 3
     assert bp.update_after_step(ctx) is None
     assert calls(bp) == [h.removeprefix("dynres_") for h in DECISION_HOOKS]
+
+
+def test_an_optional_decision_is_asked_only_when_written_or_hooked():
+    class Plain(Policy):
+        name = "plain"
+
+        def should_deactivate(self, ctx):
+            return True
+
+        def deactivate_wait_samples(self, ctx):
+            return 0
+
+        def should_activate_after_step(self, ctx):
+            return True
+
+    assert bound().decides("should_abandon_activation")  # Recorder writes it
+    plain = BoundPolicy(Plain(), get_plugin_manager(load_plugins=False))
+    assert not plain.decides("should_abandon_activation") and not plain.decides_requests
+
+    class GiveUp:
+        @hookimpl
+        def dynres_should_abandon_activation(self, ctx):
+            return True
+
+    register_plugin(plain.pm, GiveUp(), name="give-up")
+    assert plain.decides("should_abandon_activation") and not plain.decides("should_rebalance")
+    assert plain.should_abandon_activation(make_ctx()) is True
 
 
 @pytest.mark.parametrize("method", [h.removeprefix("dynres_") for h in DECISION_HOOKS])

@@ -462,3 +462,51 @@ def test_a_lost_replica_is_quarantined_at_once_not_probed() -> None:
         assert not c.ctl.probing and c.lb.replica_ids == ["s1"]
 
     run_virtual(main)
+
+
+@pytest.mark.parametrize("point", [0, 1, 2])
+def test_an_abandoned_activation_stops_at_its_point_and_gives_everything_back(point: int) -> None:
+    # give_up answers True at the point-th of the three places between the activation's phases
+    # (after the offload, after the weights' wake-up, after the weight load).
+    async def main() -> None:
+        c = Cluster(n_hybrid=2, latency=0.01)
+        c.register_standalone()
+        asked: list[int] = []
+
+        async def give_up() -> bool:
+            asked.append(len(asked))
+            return len(asked) - 1 == point
+
+        assert not await c.ctl.activate(UPDATE, give_up)
+        assert asked == list(range(point + 1))  # asked until it said yes, never after
+        assert c.ctl.state is ControllerState.STANDALONE_ONLY and c.ctl.abandoned == 1 and c.ctl.activations == 0
+        assert not c.engine.offloaded and c.ctl.last_abandoned_s > 0
+        assert c.lb.replica_ids == ["s0"]  # no hybrid ever became routable
+        for h in c.hybrid:
+            woken = [r.detail for r in h.ops("wake_up")]
+            assert woken == ([] if point == 0 else ["weights"]) and not h.ops("resume")
+            assert bool(h.ops("update_weights")) == (point == 2)
+            # What was woken sleeps again; the trainer's onload comes after.
+            assert not h.weights_loaded and not h.kv_cache_allocated
+            if point > 0:
+                assert c.idx(h.replica_id, "sleep", "end") < c.idx("trainer", "onload", "end")
+        assert c.violations() == []
+        assert await c.ctl.activate(UPDATE)  # the next activation runs from the start
+        assert all(h.weight_version == 3 and not h.sleeping for h in c.hybrid)
+
+    run_virtual(main)
+
+
+def test_an_activation_whose_give_up_says_no_runs_as_without_one() -> None:
+    async def main() -> None:
+        c = Cluster(n_hybrid=2, latency=0.01)
+        c.register_standalone()
+
+        async def never() -> bool:
+            return False
+
+        assert await c.ctl.activate(UPDATE, never)
+        assert c.ctl.state is ControllerState.HYBRID_ACTIVE and c.ctl.abandoned == 0
+        assert sorted(c.lb.replica_ids) == ["h0", "h1", "s0"]
+
+    run_virtual(main)

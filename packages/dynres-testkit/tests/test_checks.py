@@ -90,6 +90,7 @@ ONLY_FAILS = {
     broken.RequiredParamPolicy: {"check_constructible_with_defaults"},
     broken.IgnoresUnknownParamsPolicy: {"check_params_reject_unknown_keys"},
     broken.IntInsteadOfBoolPolicy: {"check_decision_types"},
+    broken.QueuedSurplusAbandonPolicy: {"check_decision_types"},
     # In the simulator its negative answers are replaced by the safe 0.0, which the e2e check reports.
     broken.IdleGracePolicy: {"check_grace_bounds", "check_e2e_training_finishes"},
     broken.WholeBudgetExtraPolicy: {"check_extra_admission_bounds"},

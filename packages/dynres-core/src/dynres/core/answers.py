@@ -7,6 +7,7 @@ method                          type        range      safe fallback (applied by
 ``deactivate_wait_samples``     ``int``     ``>= 0``   ``0`` (do not wait)
 ``deactivate_grace_s``          ``float``   ``>= 0``   ``0.0`` (abort at once)
 ``should_activate_after_step``  ``bool``               ``ctx.only_hybrid``
+``should_abandon_activation``   ``bool``               ``False`` (finish the activation)
 ``should_rebalance``            ``bool``               ``False`` (never rebalance)
 ``admit_extra_samples``         ``int``     ``>= 0``   ``0`` (admit none beyond the budget)
 ``update_after_step``           ``None``               nothing
@@ -54,6 +55,7 @@ ANSWERS: dict[str, AnswerSpec] = {
     "deactivate_wait_samples": AnswerSpec("int", minimum=0, hint="wrap it in int(...)"),
     "deactivate_grace_s": AnswerSpec("float", minimum=0, hint="return a finite number of seconds, e.g. float(...)"),
     "should_activate_after_step": AnswerSpec("bool", hint="wrap it in bool(...)"),
+    "should_abandon_activation": AnswerSpec("bool", hint="wrap it in bool(...)"),
     "should_rebalance": AnswerSpec("bool", hint="wrap it in bool(...)"),
     "admit_extra_samples": AnswerSpec("int", minimum=0, hint="wrap it in int(...)"),
     "update_after_step": AnswerSpec("None", hint="return None"),
@@ -116,7 +118,7 @@ def safe_answer(method: str, ctx: ScheduleContext) -> Any:
         return 0.0
     if method == "should_activate_after_step":
         return ctx.only_hybrid
-    if method == "should_rebalance":
+    if method in ("should_rebalance", "should_abandon_activation"):
         return False
     return None
 

@@ -108,6 +108,12 @@ class ScheduleContext(BaseModel):
     last_deactivate_duration_s: float = Field(
         0.0, ge=0.0, description="Wall time of the latest hybrid deactivation (seconds; 0 = none yet)."
     )
+    activation_elapsed_s: float = Field(
+        0.0,
+        ge=0.0,
+        description="Time the activation in progress has run so far (seconds; 0 when none is: every decision "
+        "but should_abandon_activation).",
+    )
 
     # ---- Measured rates --------------------------------------------------------------------
     generation_rate: float = Field(

@@ -10,11 +10,14 @@ called by the controller once per sync cycle, in this order:
 2. ``dynres_deactivate_wait_samples`` - only if (1) said yes;
 3. ``dynres_deactivate_grace_s`` - only if (1) said yes (the dynres runtime only: verl never asks);
 4. ``dynres_should_activate_after_step`` - after the weight sync;
-5. ``dynres_should_rebalance`` - only after an activation, and only when
+5. ``dynres_should_abandon_activation`` - during an activation (4) once the next collection's
+   samples are queued, at most once, and only when the policy writes it or a plugin implements
+   it (the dynres runtime only: verl never asks);
+6. ``dynres_should_rebalance`` - only after an activation, and only when
    ``dynamic_schedule_enable_rebalance`` is on;
-6. ``dynres_admit_extra_samples`` - after the weight sync, unless it was the run's last (the
+7. ``dynres_admit_extra_samples`` - after the weight sync, unless it was the run's last (the
    dynres runtime only: verl never asks);
-7. ``dynres_update_after_step`` - after the weight sync.
+8. ``dynres_update_after_step`` - after the weight sync.
 
 The active policy is registered as the ``trylast`` implementation of each decision hook, so a
 plugin can override a decision by returning a non-``None`` value, or wrap it with
@@ -142,6 +145,25 @@ def dynres_should_rebalance(ctx: ScheduleContext) -> bool | None:
 
     :param ctx: the current :class:`~dynres.core.context.ScheduleContext`.
     :return: ``True`` to rebalance, ``False`` not to, or ``None``.
+    """
+
+
+@hookspec(firstresult=True)
+def dynres_should_abandon_activation(ctx: ScheduleContext) -> bool | None:
+    """Decide whether to give up an activation whose purpose is gone: the next collection's samples
+    are already queued, so the trainer could train now, and finishing the activation would make it
+    wait for the rest of the switch and then for the deactivation before training.
+
+    Asked by the dynres runtime only (verl's trainer activates in one call it cannot stop), at most
+    once per activation the policy asked for, at the first point between the activation's phases
+    (after the trainer's offload, after the hybrids' weight wake-up, after their weight load) at
+    which the queue holds ``step_required_samples`` samples, and only when the policy writes
+    ``should_abandon_activation`` or a plugin implements this hook. Giving up puts the woken hybrids
+    back to sleep and onloads the trainer; what was spent is lost. The activation the runtime starts
+    because nothing else can generate is never offered. The context is taken when asked.
+
+    :param ctx: the current :class:`~dynres.core.context.ScheduleContext`.
+    :return: ``True`` to give the activation up, ``False`` to finish it, or ``None``.
     """
 
 
@@ -288,6 +310,7 @@ DECISION_HOOKS: tuple[str, ...] = (
     "dynres_deactivate_wait_samples",
     "dynres_deactivate_grace_s",
     "dynres_should_activate_after_step",
+    "dynres_should_abandon_activation",
     "dynres_should_rebalance",
     "dynres_admit_extra_samples",
     "dynres_update_after_step",

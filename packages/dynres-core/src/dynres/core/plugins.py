@@ -148,6 +148,10 @@ class _PolicyHookImpls:
         return self.policy.should_activate_after_step(ctx)
 
     @hookimpl(trylast=True)
+    def dynres_should_abandon_activation(self, ctx: ScheduleContext) -> Any:
+        return self.policy.should_abandon_activation(ctx)
+
+    @hookimpl(trylast=True)
     def dynres_should_rebalance(self, ctx: ScheduleContext) -> Any:
         return self.policy.should_rebalance(ctx)
 
@@ -213,6 +217,10 @@ class BoundPolicy:
         """Run the ``dynres_should_activate_after_step`` hook chain."""
         return self.pm.hook.dynres_should_activate_after_step(ctx=ctx)
 
+    def should_abandon_activation(self, ctx: ScheduleContext) -> Any:
+        """Run the ``dynres_should_abandon_activation`` hook chain."""
+        return self.pm.hook.dynres_should_abandon_activation(ctx=ctx)
+
     def should_rebalance(self, ctx: ScheduleContext) -> Any:
         """Run the ``dynres_should_rebalance`` hook chain."""
         return self.pm.hook.dynres_should_rebalance(ctx=ctx)
@@ -233,13 +241,17 @@ class BoundPolicy:
 
         False means routing is the built-in rule and the load balancer never asks (no per-request cost).
         """
-        if any(getattr(type(self.policy), m) is not getattr(Policy, m) for m in REQUEST_METHODS):
+        return any(self.decides(m) for m in REQUEST_METHODS)
+
+    def decides(self, method: str) -> bool:
+        """True when the policy writes ``method`` (a Policy method name) or a plugin implements its
+        ``dynres_`` hook: the runtime asks an optional decision only then, so a policy that writes
+        neither runs as before the decision existed."""
+        if getattr(type(self.policy), method) is not getattr(Policy, method):
             return True
-        for name in REQUEST_HOOKS:
-            impls = getattr(self.pm.hook, name).get_hookimpls()
-            if any(not isinstance(i.plugin, _PolicyHookImpls) for i in impls):
-                return True
-        return False
+        hook = dict(zip(REQUEST_METHODS, REQUEST_HOOKS, strict=True)).get(method, f"dynres_{method}")
+        impls = getattr(self.pm.hook, hook).get_hookimpls()
+        return any(not isinstance(i.plugin, _PolicyHookImpls) for i in impls)
 
     def predict_length(self, request: RequestContext) -> Any:
         """Run the ``dynres_predict_length`` hook chain."""

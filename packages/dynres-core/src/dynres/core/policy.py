@@ -23,7 +23,7 @@ POLICY_METHODS: tuple[str, ...] = (
 """The five decision/update methods that mirror verl's policy interface, in the order the controller
 calls them in a cycle."""
 
-TAIL_METHODS: tuple[str, ...] = ("deactivate_grace_s", "admit_extra_samples")
+TAIL_METHODS: tuple[str, ...] = ("deactivate_grace_s", "should_abandon_activation", "admit_extra_samples")
 """Cycle decisions of the dynres runtime beyond verl's five (verl's trainer never asks them)."""
 
 CYCLE_METHODS: tuple[str, ...] = (
@@ -31,6 +31,7 @@ CYCLE_METHODS: tuple[str, ...] = (
     "deactivate_wait_samples",
     "deactivate_grace_s",
     "should_activate_after_step",
+    "should_abandon_activation",
     "should_rebalance",
     "admit_extra_samples",
     "update_after_step",
@@ -112,6 +113,11 @@ class Policy:
     def should_activate_after_step(self, ctx: ScheduleContext) -> bool:
         """After the weight sync: return True to let hybrid replicas generate next cycle."""
         raise NotImplementedError(f"{type(self).__qualname__} must implement should_activate_after_step")
+
+    def should_abandon_activation(self, ctx: ScheduleContext) -> bool:
+        """During an activation, once the queue holds the next collection's samples: return True to
+        give it up (hybrids back to sleep, trainer onloaded) instead of finishing it (default False)."""
+        return False
 
     def should_rebalance(self, ctx: ScheduleContext) -> bool:
         """After an activation: return True to move work onto the new replicas (default False)."""

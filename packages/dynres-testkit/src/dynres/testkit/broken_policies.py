@@ -90,6 +90,17 @@ class IntInsteadOfBoolPolicy(_Sound):
         return ctx.num_hybrid_replicas and ctx.is_hybrid_active  # type: ignore[return-value]  # the planted bug
 
 
+class QueuedSurplusAbandonPolicy(_Sound):
+    """Breaks check_decision_types: gives an activation up when the queue holds more than a batch,
+    but returns the surplus (an ``int``) where a ``bool`` belongs."""
+
+    name = "queued_surplus_abandon"
+
+    def should_abandon_activation(self, ctx: ScheduleContext) -> bool:
+        """Give up when samples beyond the next batch are queued (returns the count: the bug)."""
+        return max(0, ctx.queue_size - ctx.step_required_samples)  # type: ignore[return-value]  # the planted bug
+
+
 class IdleGracePolicy(_Sound):
     """Breaks check_grace_bounds: grants the hybrids the trainer's last wait less the deactivation's
     own cost as a grace, which goes negative once the trainer stopped waiting."""
@@ -582,7 +593,10 @@ BROKEN_POLICIES: dict[str, list[tuple[Any, str]]] = {
         (RequiredParamPolicy({"threshold": 0.5}), "RequiredParamPolicy() raised PolicyParamsError"),
     ],
     "check_params_reject_unknown_keys": [(IgnoresUnknownParamsPolicy, "was accepted")],
-    "check_decision_types": [(IntInsteadOfBoolPolicy, "should_deactivate returned 0 of type int; expected bool")],
+    "check_decision_types": [
+        (IntInsteadOfBoolPolicy, "should_deactivate returned 0 of type int; expected bool"),
+        (QueuedSurplusAbandonPolicy, "should_abandon_activation returned"),
+    ],
     "check_grace_bounds": [(IdleGracePolicy, "deactivate_grace_s returned -")],
     "check_extra_admission_bounds": [(WholeBudgetExtraPolicy, "more than one cycle's batch beyond")],
     "check_request_answers": [

@@ -63,7 +63,7 @@ import asyncio
 import enum
 import functools
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 import pluggy
@@ -206,6 +206,12 @@ class Controller:
         being aborted (count; 0 without a grace)."""
         self.activations = 0
         """Successful activations (count)."""
+        self.abandoned = 0
+        self._activation_t0: float | None = None
+        """Activations given up part-way (``activate``'s ``give_up``) (count)."""
+        self.last_abandoned_s = 0.0
+        """Duration of the latest abandoned activation, the replicas' sleep and the trainer's onload
+        included (seconds; 0 = none yet)."""
         self.deactivations = 0
         """Deactivations (count)."""
         self.rebalances = 0
@@ -233,6 +239,12 @@ class Controller:
         """The latest weights published to the replicas (a replica back from probation loads them)."""
 
     # ---- State ---------------------------------------------------------------------------
+
+    def activation_elapsed_s(self) -> float:
+        """Run-clock time the activation in progress has run (seconds; 0.0 outside one)."""
+        if self.state is not ControllerState.ACTIVATING or self._activation_t0 is None:
+            return 0.0
+        return max(0.0, self._now() - self._activation_t0)
 
     @property
     def is_hybrid_active(self) -> bool:
@@ -489,14 +501,20 @@ class Controller:
 
     # ---- Transitions ---------------------------------------------------------------------
 
-    async def activate(self, update: WeightUpdate) -> bool:
-        """Wake the hybrid replicas with ``update`` and make them routable; True if any joined."""
+    async def activate(self, update: WeightUpdate, give_up: Callable[[], Awaitable[bool]] | None = None) -> bool:
+        """Wake the hybrid replicas with ``update`` and make them routable; True if any joined.
+
+        ``give_up`` is awaited between the phases (after the trainer's offload, the weights'
+        wake-up and the weight load); once it returns True the activation stops there: the
+        woken replicas sleep again, the trainer is onloaded, ``abandoned`` counts it, and the
+        result is False.
+        """
         async with self._lock, no_full_collection():
             self._require(ControllerState.STANDALONE_ONLY, action="activate")
             candidates = self.usable_hybrid
             if not candidates:
                 return False
-            t0 = self._now()
+            t0 = self._activation_t0 = self._now()
             waited = 0.0
             self._set(ControllerState.ACTIVATING)
 
@@ -516,9 +534,17 @@ class Controller:
             except BackendError:
                 self._set(ControllerState.STANDALONE_ONLY)
                 return False
-            ok = await phase("wake_up", candidates, lambda r: r.wake_up(["weights"]))
-            ok = await phase("update_weights", ok, lambda r: r.update_weights(update))
-            ok = await phase("wake_up", ok, lambda r: r.wake_up(["kv_cache"]))
+            steps: list[tuple[str, Callable]] = [
+                ("wake_up", lambda r: r.wake_up(["weights"])),
+                ("update_weights", lambda r: r.update_weights(update)),
+                ("wake_up", lambda r: r.wake_up(["kv_cache"])),
+            ]
+            ok, woken = list(candidates), []
+            for op, call in steps:
+                if give_up is not None and await give_up():
+                    await self._give_back(woken, t0, waited)
+                    return False
+                ok = woken = await phase(op, ok, call)
             self.balancer.add_replicas(ok)  # one capacity change for all of them
             self.active = list(ok)
             ok = await phase("resume", ok, lambda r: r.resume())
@@ -546,6 +572,20 @@ class Controller:
             self.overhead_s += max(0.0, self.last_activate_duration_s - waited)
             self._set(ControllerState.HYBRID_ACTIVE)
             return True
+
+    async def _give_back(self, woken: list[Replica], t0: float, waited: float) -> None:
+        """End an activation given up after its phases woke ``woken``: they sleep again and the
+        trainer is onloaded (``t0``: its start; ``waited``: its seconds in engine operations so far)."""
+        ts = self._now()
+        _, bad_sleep = await self.ops.many("sleep", woken, lambda r: r.sleep(self.sleep_level))
+        for r in bad_sleep:
+            self.retire(r, "sleep failed after an abandoned activation")
+        await self.ops.one("onload", "trainer", self.train_engine.onload)
+        waited += self._now() - ts
+        self.abandoned += 1
+        self.last_abandoned_s = self._now() - t0
+        self.overhead_s += max(0.0, self.last_abandoned_s - waited)
+        self._set(ControllerState.STANDALONE_ONLY)
 
     async def deactivate(self, grace_s: float = 0.0) -> None:
         """Hand the GPUs back: cut routing, let the running requests finish for up to ``grace_s``

@@ -142,6 +142,7 @@ class _Cycle:
     train_call_s: float = 0.0
     train_metrics: dict[str, float] = field(default_factory=dict)
     activated: bool = False
+    abandoned_s: float = 0.0
     rebalanced: bool = False
     moved: int = 0
     sync_s: float = 0.0
@@ -374,7 +375,7 @@ class TrainerLoop:
         rec = await w.guard.decide("should_activate_after_step", ctx)
         decisions.append(rec)
         if rec.value and not w.controller.is_hybrid_active and w.controller.usable_hybrid:
-            activated = await w.controller.activate(update)
+            activated = await w.controller.activate(update, self._abandon_asker(decisions))
             if activated:
                 w.tracker.hybrid_started()
             if activated and self.enable_rebalance:
@@ -388,6 +389,26 @@ class TrainerLoop:
         w.rollouter.admit_extra(erec.value)
         decisions.append(await w.guard.decide("update_after_step", ctx))
         return activated, rebalanced, moved
+
+    def _abandon_asker(self, decisions: list[DecisionRecord]) -> Callable[[], Awaitable[bool]] | None:
+        """What the controller awaits between an activation's phases: once the next collection's
+        samples are queued, the policy's ``should_abandon_activation``, asked once (None when the
+        policy writes no such decision, so nothing is asked)."""
+        w = self.wiring
+        if not w.guard.policy.decides("should_abandon_activation"):
+            return None
+        asked = False
+
+        async def give_up() -> bool:
+            nonlocal asked
+            if asked or w.queue.size < w.tracker.required_samples:
+                return False
+            asked = True
+            rec = await w.guard.decide("should_abandon_activation", w.tracker.context())
+            decisions.append(rec)
+            return bool(rec.value)
+
+        return give_up
 
     def _report(self, c: _Cycle, window: tuple[list[Any], float], decided_s: float) -> CycleReport:
         """Step 6: the cycle's metrics and report; emit ``dynres_metrics_emitted``."""
@@ -443,6 +464,7 @@ class TrainerLoop:
             activate_duration_s=w.controller.last_activate_duration_s if c.activated else 0.0,
             deactivate_duration_s=c.deactivate_s,
             grace_finished_requests=c.grace_finished,
+            activation_abandoned_s=c.abandoned_s,
             train_metrics=c.train_metrics,
             decisions=c.decisions,
             weight_sync_s=c.sync_s,
@@ -480,7 +502,9 @@ class TrainerLoop:
             # The record as it stands goes into a checkpoint: a process killed before the cycle's
             # record is written (after the decisions) gets it back on resume.
             await w.checkpoint(w.tracker.global_steps, lambda: self._cycle_report(c, window, w.now()).to_record())
+        abandoned = w.controller.abandoned
         c.activated, c.rebalanced, c.moved = await self._decide(update, c.decisions)
+        c.abandoned_s = w.controller.last_abandoned_s if w.controller.abandoned > abandoned else 0.0
         return self._report(c, window, decided_s=w.now())
 
 

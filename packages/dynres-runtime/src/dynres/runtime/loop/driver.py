@@ -539,6 +539,7 @@ class FullyAsyncRun:
             policy_wall_s=self.guard.wall_s,
             engine=dict(self.ops.stats),
             activations=self.controller.activations,
+            abandoned_activations=self.controller.abandoned,
             deactivations=self.controller.deactivations,
             rebalances=self.controller.rebalances,
         )

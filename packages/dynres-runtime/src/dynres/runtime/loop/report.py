@@ -72,6 +72,9 @@ class CycleReport:
     grace_finished_requests: int = 0
     """Requests that finished on the hybrids during the deactivation's grace instead of being
     aborted (count; 0 without a grace)."""
+    activation_abandoned_s: float = 0.0
+    """Time the activation after this cycle's sync ran before the policy gave it up, the hybrids'
+    sleep and the trainer's onload included (seconds; 0 = none given up)."""
     train_metrics: dict[str, float] = field(default_factory=dict)
     """The train engine's metrics of the cycle's last fit step."""
     decisions: list[DecisionRecord] = field(default_factory=list)
@@ -118,6 +121,7 @@ class CycleReport:
             activate_duration_s=self.activate_duration_s,
             deactivate_duration_s=self.deactivate_duration_s,
             grace_finished_requests=self.grace_finished_requests,
+            activation_abandoned_s=self.activation_abandoned_s,
             weight_sync_s=self.weight_sync_s,
             train_step_times=list(self.train_step_times),
         )
@@ -231,6 +235,8 @@ class OperationTimings:
     """Operation name (sleep, wake_up, abort, update_weights, offload, ...) -> timing (seconds)."""
     activations: int = 0
     """Successful activations (count)."""
+    abandoned_activations: int = 0
+    """Activations the policy gave up part-way, their batch queued (``should_abandon_activation``) (count)."""
     deactivations: int = 0
     """Deactivations (count)."""
     rebalances: int = 0

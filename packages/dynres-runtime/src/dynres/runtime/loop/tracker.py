@@ -206,6 +206,7 @@ class RunTracker:
             shared_host=self.shared_host,
             last_activate_duration_s=self.controller.last_activate_duration_s,
             last_deactivate_duration_s=self.controller.last_deactivate_duration_s,
+            activation_elapsed_s=self.controller.activation_elapsed_s(),
             generation_rate=m.generated / m.cycle_time_s if m.cycle_time_s > 0 else 0.0,
             consumption_rate=m.consumed / m.train_call_s if m.train_call_s > 0 else 0.0,
             last_train_time_s=m.train_time_s,
