@@ -223,6 +223,11 @@ class PredictivePolicy(Policy):
             "so a small measured gain is no saving (ratio).",
         )
         rebalance: bool = Field(True, description="Move in-flight work onto freshly activated replicas.")
+        abandon_queued_activation: bool = Field(
+            True,
+            description="Give up an activation once the queue holds what the deactivation after it would wait "
+            "for (the dynres runtime asks; verl does not).",
+        )
         extra_admission: float = Field(
             0.0,
             ge=0.0,
@@ -280,6 +285,17 @@ class PredictivePolicy(Policy):
         if ctx.only_hybrid:
             return True
         return self._decide(ctx, self.learn(ctx))
+
+    def should_abandon_activation(self, ctx: ScheduleContext) -> bool:
+        """Give up an activation whose batch is queued when the deactivation that follows it would
+        wait for no more (``abandon_queued_activation``): the hybrids would go back before adding
+        anything the cycle needs, and the trainer would wait for both switches."""
+        # Only the start activation, the one decided on nothing measured. A later one was decided
+        # on a forecast that its window pays, and a window given up reads to learn() as a cycle
+        # without hybrids: with every activation open to it, seed-no-partial-16-16 ran 1.2% longer.
+        if not self.params.abandon_queued_activation or ctx.only_hybrid or ctx.global_steps > 0:
+            return False
+        return ctx.queue_size >= self.deactivate_wait_samples(ctx)
 
     def should_rebalance(self, ctx: ScheduleContext) -> bool:
         """Move work onto freshly activated replicas (``rebalance`` param)."""
