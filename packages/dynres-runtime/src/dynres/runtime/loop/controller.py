@@ -207,8 +207,8 @@ class Controller:
         self.activations = 0
         """Successful activations (count)."""
         self.abandoned = 0
-        self._activation_t0: float | None = None
         """Activations given up part-way (``activate``'s ``give_up``) (count)."""
+        self._activation_t0: float | None = None  # run-clock start of the latest activation
         self.last_abandoned_s = 0.0
         """Duration of the latest abandoned activation, the replicas' sleep and the trainer's onload
         included (seconds; 0 = none yet)."""
