@@ -97,6 +97,22 @@ def test_predictive_never_gives_up_in_an_only_hybrid_cluster() -> None:
     policy = PredictivePolicy()
     contexts = [ctx for run in edge_runs(only_hybrid=True) for ctx in run]
     assert contexts and not any(policy.should_abandon_activation(ctx) for ctx in contexts)
+    # A start activation whose batch and wait target are queued: given up beside standalone
+    # replicas, finished where the hybrids are the only ones that can generate.
+    start = ScheduleContext(
+        global_steps=0,
+        required_samples=4,
+        trigger_parameter_sync_step=1,
+        staleness_threshold=0.5,
+        partial_rollout=True,
+        queue_size=40,
+        num_standalone_replicas=2,
+        num_hybrid_replicas=2,
+        only_hybrid=False,
+    )
+    assert policy.should_abandon_activation(start) is True
+    alone = start.model_copy(update={"num_standalone_replicas": 0, "only_hybrid": True})
+    assert policy.should_abandon_activation(alone) is False
 
 
 def test_an_activation_whose_batch_is_not_queued_is_never_offered() -> None:

@@ -157,7 +157,7 @@ def dynres_should_abandon_activation(ctx: ScheduleContext) -> bool | None:
     Asked by the dynres runtime only (verl's trainer activates in one call it cannot stop), at most
     once per activation the policy asked for, at the first point between the activation's phases
     (after the trainer's offload, after the hybrids' weight wake-up, after their weight load) at
-    which the queue holds ``step_required_samples`` samples, and only when the policy writes
+    which the queue holds the next collection's ``required_samples``, and only when the policy writes
     ``should_abandon_activation`` or a plugin implements this hook. Giving up puts the woken hybrids
     back to sleep and onloads the trainer; what was spent is lost. The activation the runtime starts
     because nothing else can generate is never offered. The context is taken when asked.
