@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 from dynres.runtime.backends.train_state import TRAIN_STATE_FILE
-from dynres.runtime.loop.checkpoint import TRAINER_DIR
+from dynres.runtime.loop.checkpoint import TRAINER_DIR, CheckpointStore
 from dynres.runtime.loop.ledger import SampleLedger, checkpoint_sample_ids, read_ledger
 from dynres.runtime.realrun.resume import audit_run_folder
 
@@ -92,7 +92,11 @@ def read_json(path: Path) -> dict:
 
 
 def latest_checkpoint_dir() -> Path:
-    return RUN / "checkpoints" / read_json(RUN / "checkpoints" / "latest.json")["path"]
+    """The newest complete checkpoint's folder (the store's own rule)."""
+    path = CheckpointStore(RUN / "checkpoints").latest()
+    if path is None:
+        sys.exit(f"no checkpoint under {RUN / 'checkpoints'}")
+    return path
 
 
 def optimizer_steps(ckpt_dir: Path) -> int:
