@@ -108,10 +108,10 @@ def test_predictive_never_gives_up_in_an_only_hybrid_cluster() -> None:
         queue_size=40,
         num_standalone_replicas=2,
         num_hybrid_replicas=2,
-        only_hybrid=False,
     )
     assert policy.should_abandon_activation(start) is True
-    alone = start.model_copy(update={"num_standalone_replicas": 0, "only_hybrid": True})
+    alone = start.model_copy(update={"num_standalone_replicas": 0})
+    assert alone.only_hybrid
     assert policy.should_abandon_activation(alone) is False
 
 
