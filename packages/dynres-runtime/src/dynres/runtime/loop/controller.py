@@ -60,15 +60,14 @@ failing cancels the activation; its onload failing is fatal (training cannot go 
 from __future__ import annotations
 
 import asyncio
-import enum
 import functools
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 
 import pluggy
 
 from dynres.core.errors import BackendError, RuntimeStateError
+from dynres.runtime.loop.controller_state import ControllerState, ReplicaEvent, StateChange
 from dynres.runtime.loop.gc_control import no_full_collection
 from dynres.runtime.loop.ops import OpRunner
 from dynres.runtime.loop.restarts import RestartBudget
@@ -76,48 +75,6 @@ from dynres.runtime.loop.routing import LoadBalancer
 from dynres.runtime.protocols import Replica, ReplicaRestarter, TrainEngine, WeightUpdate, lost_reason
 
 logger = logging.getLogger("dynres.runtime.loop.controller")
-
-
-class ControllerState(str, enum.Enum):
-    """Where the hybrid replicas are in their lifecycle."""
-
-    STANDALONE_ONLY = "STANDALONE_ONLY"
-    """Hybrid replicas asleep; the trainer owns its GPUs."""
-    ACTIVATING = "ACTIVATING"
-    """Trainer offloading, hybrid replicas waking up and receiving weights."""
-    HYBRID_ACTIVE = "HYBRID_ACTIVE"
-    """Hybrid replicas routable and generating."""
-    REBALANCING = "REBALANCING"
-    """Moving in-flight requests onto freshly activated replicas."""
-    DEACTIVATING = "DEACTIVATING"
-    """Hybrid replicas leaving routing, aborting, sleeping; trainer onloading."""
-
-
-@dataclass(frozen=True)
-class ReplicaEvent:
-    """A replica leaving routing after a failure, coming back, or being quarantined."""
-
-    at_s: float
-    """Run-clock time (seconds since run start)."""
-    replica: str
-    """Replica id."""
-    event: str
-    """``probation`` (out, to be probed), ``restart`` (gone, being recreated), ``back`` (probe
-    passed or recreated: routable again, or asleep in its hybrid slot), ``quarantined``."""
-    reason: str
-    """The failure (or, for ``back``, how long it was out)."""
-
-
-@dataclass(frozen=True)
-class StateChange:
-    """One controller state transition."""
-
-    at_s: float
-    """Run-clock time (seconds since run start)."""
-    old: str
-    """State left."""
-    new: str
-    """State entered."""
 
 
 class Controller:
@@ -539,7 +496,7 @@ class Controller:
                 ("update_weights", lambda r: r.update_weights(update)),
                 ("wake_up", lambda r: r.wake_up(["kv_cache"])),
             ]
-            ok, woken = list(candidates), []
+            ok, woken = list(candidates), list[Replica]()
             for op, call in steps:
                 if give_up is not None and await give_up():
                     await self._give_back(woken, t0, waited)

@@ -17,7 +17,7 @@ from typing import Any
 from dynres.core.metrics import METRIC_KEYS
 from dynres.core.requests import RequestDecisionCounters
 from dynres.runtime.loop.calibration import SwitchCalibration
-from dynres.runtime.loop.controller import ReplicaEvent, StateChange
+from dynres.runtime.loop.controller_state import ReplicaEvent, StateChange
 from dynres.runtime.loop.decisions import DecisionRecord
 from dynres.runtime.loop.ops import OpFailure, OpStat
 from dynres.runtime.loop.restarts import ReplicaRestart
