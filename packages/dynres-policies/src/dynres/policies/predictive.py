@@ -8,11 +8,8 @@ commands that measured them, in docs/builtin-policies.md.
 from __future__ import annotations
 
 import math
-import sys
-import warnings
 from collections.abc import Mapping
 from dataclasses import replace
-from types import FrameType
 from typing import Any
 
 from pydantic import ConfigDict, Field, model_validator
@@ -33,6 +30,7 @@ from dynres.policies.predictive_estimates import (
     standalone_rate,
     throttled,
 )
+from dynres.policies.renamed_params import move_renamed_params
 
 __all__ = ["DRAIN_MIN_RATIO", "RENAMED_PARAMS", "Estimates", "Forecast", "PredictivePolicy"]
 
@@ -240,22 +238,7 @@ class PredictivePolicy(Policy):
         @model_validator(mode="before")
         @classmethod
         def _renamed_params(cls, data: Any) -> Any:
-            # extra="forbid" rejects the old names, so they are moved to the new ones before validation.
-            if not isinstance(data, Mapping) or not RENAMED_PARAMS.keys() & data.keys():
-                return data
-            data = dict(data)
-            for old, new in RENAMED_PARAMS.items():
-                if old not in data:
-                    continue
-                if new in data:
-                    raise ValueError(f"{old!r} is the deprecated name of {new!r}; give only {new!r}")
-                warnings.warn(
-                    f"predictive param {old!r} is deprecated; rename it to {new!r}",
-                    FutureWarning,
-                    stacklevel=_caller_stacklevel(),
-                )
-                data[new] = data.pop(old)
-            return data
+            return move_renamed_params(data, RENAMED_PARAMS, "predictive")
 
         @model_validator(mode="after")
         def _check_bounds(self) -> PredictivePolicy.Params:
@@ -695,18 +678,3 @@ class PredictivePolicy(Policy):
         """Restore what :meth:`state_dict` returned (:meth:`Estimates.from_state`: a state saved by an
         earlier dynres loads too); reject missing, unknown or non-finite values."""
         self.est = Estimates.from_state(state)
-
-
-_PARAMS_PLUMBING = ("pydantic", "dynres.core", "dynres.policies")
-"""Modules between the code that passes a policy's params and the Params validator."""
-
-
-def _caller_stacklevel() -> int:
-    # The stacklevel (as the validator passes it to warnings.warn) of the first frame outside
-    # pydantic and dynres's policy construction: the warning then points at the code that passed
-    # the old name, not at pydantic's internals.
-    level = 2
-    caller: FrameType | None = sys._getframe(2)  # 0: this function, 1: the validator
-    while caller is not None and caller.f_globals.get("__name__", "").startswith(_PARAMS_PLUMBING):
-        level, caller = level + 1, caller.f_back
-    return level
