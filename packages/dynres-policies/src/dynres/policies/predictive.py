@@ -564,7 +564,11 @@ class PredictivePolicy(Policy):
         w = self.params.ema_weight
         generated = ctx.generation_rate * ctx.last_cycle_time_s
         share = generated / ctx.last_cycle_time_s * train_s / ctx.step_required_samples
-        if est.static_cycles == 0 and share >= MIN_SHARE:
+        if throttled(ctx) and est.standalone_share <= 0:
+            # The staleness budget held production back, so the share is only a floor; taken as the
+            # first estimate it forecasts the idle of a pipeline that is in fact full.
+            out = est
+        elif est.static_cycles == 0 and share >= MIN_SHARE and not throttled(ctx):
             # The first direct measurement replaces what was inferred through the prior.
             out = replace(est, standalone_share=share)
         else:
