@@ -564,15 +564,16 @@ class PredictivePolicy(Policy):
         w = self.params.ema_weight
         generated = ctx.generation_rate * ctx.last_cycle_time_s
         share = generated / ctx.last_cycle_time_s * train_s / ctx.step_required_samples
-        if throttled(ctx) and est.standalone_share <= 0:
+        held_back = throttled(ctx)
+        if held_back and est.standalone_share <= 0:
             # The staleness budget held production back, so the share is only a floor; taken as the
             # first estimate it forecasts the idle of a pipeline that is in fact full.
             out = est
-        elif est.static_cycles == 0 and share >= MIN_SHARE and not throttled(ctx):
+        elif est.static_cycles == 0 and share >= MIN_SHARE and not held_back:
             # The first direct measurement replaces what was inferred through the prior.
             out = replace(est, standalone_share=share)
         else:
-            out = learn_share(est, share, throttled(ctx), w, replace_old=first_production(ctx))
+            out = learn_share(est, share, held_back, w, replace_old=first_production(ctx))
         out = replace(out, static_cycles=out.static_cycles + 1)
         if ctx.global_steps > 1:  # the run's first cycle starts from an empty pipeline
             share = idle_s / train_s
