@@ -177,7 +177,10 @@ def main() -> None:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    ckpt = latest_checkpoint()
+    # The checkpoint --resume will take, by the store's own rule: one committed as the kill landed
+    # can be newer than what latest.json named a moment before (a clean-clone run resumed at 38
+    # where latest.json had said 36).
+    ckpt = CheckpointStore(RUN / "checkpoints").load()
     print(
         f"SIGKILL the dynres run process group after cycle {done_before} (checkpoint at {ckpt['global_steps']}); "
         f"{len(left)} Ray session processes killed after it; segment 1 took {time.monotonic() - t0:.0f} s",
