@@ -23,11 +23,13 @@ from dynres.policies.predictive_estimates import (
     MIN_TRAIN_SECONDS,
     Estimates,
     Forecast,
+    drain_samples,
     ema,
     first_production,
     learn_share,
     replica_ratio,
     standalone_rate,
+    stock_adjusted_idle,
     throttled,
 )
 from dynres.policies.renamed_params import move_renamed_params
@@ -79,7 +81,10 @@ class PredictivePolicy(Policy):
     the prior until cycles without hybrids have run.
     ``wait_bias`` rises by ``wait_increase`` x the most samples a fit step still waited for (a sync
     that drained running samples counts) and falls by ``wait_decrease`` after a cycle that never
-    waited.
+    waited, by ``k x`` that after the ``k``-th in a row before the run's first miss. Where hybrid
+    cycles idled less than cycles without them, a cycle without hybrids whose fit steps waited
+    while the target was at most the queue raises the target to the queue it started with plus the
+    most samples one of its fit steps waited for.
 
     **Back-off**: after ``backoff_after`` hybrid cycles in a row that idled no less than the
     reference of ``static_reference_cycles`` cycles without hybrids, no activation for
@@ -123,8 +128,8 @@ class PredictivePolicy(Policy):
             0.02,
             ge=0.0,
             le=1.0,
-            description="Cut of the wait target after a hybrid cycle whose fit steps never waited "
-            "(fraction of a cycle's samples).",
+            description="Cut of the wait target after a hybrid cycle whose fit steps never waited; before the "
+            "run's first miss the k-th such cycle in a row cuts k times this (fraction of a cycle's samples).",
         )
         wait_decrease_unbuffered: float = Field(
             0.04,
@@ -534,13 +539,19 @@ class PredictivePolicy(Policy):
         # that never waited may have waited too long for its hybrids: lower it a little.
         drain = self.drain_samples(ctx, out)
         missing = max(ctx.step_wait_samples, default=0) + drain
+        calm = 0 if missing else out.calm_cycles + 1
         if missing:
             step = self.params.wait_increase * missing
         else:
+            # Until the first miss the k-th calm cycle in a row cuts k times as much: a target
+            # forecast far too high (from the first cycles' short training) comes down in a few
+            # cycles instead of a run's worth. After it the target is near the need, where a cut
+            # that grows would overshoot into waits, which cost 1 + rho times more per sample.
             cut = self.params.wait_decrease if ctx.buffer_samples else self.params.wait_decrease_unbuffered
-            step = -cut * step_required
+            step = -cut * step_required * (calm if out.misses == 0 else 1)
+        out = replace(out, misses=out.misses + (1 if missing else 0))
         bias = out.wait_bias + step
-        out = replace(out, wait_cap=self._next_wait_cap(ctx, out, step, drain))
+        out = replace(out, wait_cap=self._next_wait_cap(ctx, out, step, drain), calm_cycles=calm)
         if ctx.global_steps > 1:  # the run's first cycle starts from an empty pipeline
             # The learned activation time, not the context's: inside verl the context's value at
             # update_after_step is the activation that opens the next window (verl counts switch
@@ -579,40 +590,41 @@ class PredictivePolicy(Policy):
             share = idle_s / train_s
             prev = out.static_idle_share
             out = replace(out, static_idle_share=share if prev < 0 else ema(prev, share, w))
-        return out
+        return self._lift_wait_target(ctx, out)
+
+    def _lift_wait_target(self, ctx: ScheduleContext, est: Estimates) -> Estimates:
+        """``est`` with the wait target raised to what a cycle without hybrids showed it must reach:
+        the queue it started with plus the most samples one of its fit steps waited for.
+
+        Hybrid cycles that never waited cut the target, and once it falls to the queue the policy
+        no longer activates, so no hybrid cycle raises it again, while the cycles without hybrids
+        wait: the target stays too low for the rest of the run.
+        """
+        short = max(ctx.step_wait_samples, default=0)
+        if not short or est.queue_end < 0 or est.train_s <= 0 or est.standalone_share <= 0:
+            return est
+        if est.hybrid_idle_share < 0 or est.hybrid_idle_share >= est.static_idle_share:
+            # Hybrid cycles were not measured to idle less: then a target the queue holds, which
+            # keeps the policy from activating, may be the right answer.
+            return est
+        need = est.queue_end + short
+        wait = self.forecast(ctx, est).wait_samples
+        if wait > ctx.queue_size or wait >= need or wait >= ctx.step_required_samples + ctx.buffer_samples:
+            # A target above the queue still lets the policy activate, and the hybrid cycles
+            # correct it by what their own fit steps miss.
+            return est
+        bias = min(float(ctx.step_required_samples), est.wait_bias + need - wait)
+        return replace(est, wait_bias=bias, wait_cap=max(est.wait_cap, need) if est.wait_cap > 0 else 0.0)
 
     def stock_adjusted_idle(self, ctx: ScheduleContext, est: Estimates, idle_s: float) -> float:
-        """A cycle's trainer idle less the standalone production time of the samples it added to the
-        queue, plus that of the samples it took from it (seconds, at least 0).
-
-        A cycle with hybrids that ends with a fuller queue than it started with has done part of the
-        next cycle's work, and the cycle without hybrids after it idles little because it uses that
-        stock up: counted raw, the pair blames the hybrids for the window and credits the static
-        cycle with the hybrids' samples, and the measured rho can fall to 0 so that the policy never
-        switches again.
-        """
-        if est.queue_end < 0 or est.standalone_share <= 0 or est.train_s <= 0:
-            return idle_s
-        stocked = ctx.queue_size - est.queue_end
-        return max(0.0, idle_s - stocked / standalone_rate(ctx, est))
+        """:func:`~dynres.policies.predictive_estimates.stock_adjusted_idle` (seconds; a method so
+        that a subclass can change the rule)."""
+        return stock_adjusted_idle(ctx, est, idle_s)
 
     def drain_samples(self, ctx: ScheduleContext, est: Estimates) -> int:
-        """Samples the standalone replicas would have delivered while the latest weight sync took
-        longer than the shortest one (count; 0 when it took at most ``DRAIN_MIN_RATIO`` times it).
-
-        Without partial rollout a sync first waits for the running samples to finish, and the
-        trainer idles meanwhile. A longer window leaves fewer of them running at the sync (the
-        staleness budget closes admission earlier), so that drain is a wait the target missed by,
-        like a fit step's.
-        """
-        if est.sync_min_s <= 0 or est.standalone_share <= 0 or est.train_s <= 0:
-            return 0
-        if ctx.last_sync_s <= DRAIN_MIN_RATIO * est.sync_min_s:
-            # Export and load times vary from sync to sync: that jitter is no drain, and counting
-            # it would raise the target a little every cycle.
-            return 0
-        drain_s = ctx.last_sync_s - est.sync_min_s
-        return int(drain_s * standalone_rate(ctx, est))
+        """:func:`~dynres.policies.predictive_estimates.drain_samples` (count; a method so that a
+        subclass can change the rule)."""
+        return drain_samples(ctx, est)
 
     def _next_wait_cap(self, ctx: ScheduleContext, est: Estimates, step: float, drain: int) -> float:
         """``wait_cap`` after a cycle with hybrids whose correction moved by ``step`` samples and

@@ -60,6 +60,11 @@ class Estimates:
     wait_cap: float = 0.0
     """Most the wait target may be, set by the first cycle with hybrids and moved by what later ones
     missed, like ``wait_bias`` (samples; 0 = none, or released by a draining sync)."""
+    calm_cycles: int = 0
+    """Consecutive hybrid cycles whose fit steps never waited, which scales the next cut of the
+    wait target until the first miss (count)."""
+    misses: int = 0
+    """Hybrid cycles whose fit steps waited or whose sync drained (count)."""
     losses: int = 0
     """Consecutive hybrid cycles that realised no saving over the static reference (count)."""
     backoff: int = 0
@@ -107,7 +112,7 @@ class Estimates:
 RETIRED_STATE = frozenset({"collect_share", "window_share"})
 """State entries earlier versions saved that this one no longer keeps (dropped on load)."""
 
-ADDED_STATE = frozenset({"sync_min_s", "queue_end", "wait_cap"})
+ADDED_STATE = frozenset({"sync_min_s", "queue_end", "wait_cap", "calm_cycles", "misses"})
 """State entries this version added (unmeasured when a state from before them is loaded)."""
 
 
@@ -194,3 +199,38 @@ def first_production(ctx: ScheduleContext) -> bool:
     of its short training the production looks low.
     """
     return ctx.global_steps <= 2
+
+
+def stock_adjusted_idle(ctx: ScheduleContext, est: Estimates, idle_s: float) -> float:
+    """A cycle's trainer idle less the standalone production time of the samples it added to the
+    queue, plus that of the samples it took from it (seconds, at least 0).
+
+    A cycle with hybrids that ends with a fuller queue than it started with has done part of the
+    next cycle's work, and the cycle without hybrids after it idles little because it uses that
+    stock up: counted raw, the pair blames the hybrids for the window and credits the static
+    cycle with the hybrids' samples, and the measured rho can fall to 0 so that the policy never
+    switches again.
+    """
+    if est.queue_end < 0 or est.standalone_share <= 0 or est.train_s <= 0:
+        return idle_s
+    stocked = ctx.queue_size - est.queue_end
+    return max(0.0, idle_s - stocked / standalone_rate(ctx, est))
+
+
+def drain_samples(ctx: ScheduleContext, est: Estimates) -> int:
+    """Samples the standalone replicas would have delivered while the latest weight sync took
+    longer than the shortest one (count; 0 when it took at most ``DRAIN_MIN_RATIO`` times it).
+
+    Without partial rollout a sync first waits for the running samples to finish, and the
+    trainer idles meanwhile. A longer window leaves fewer of them running at the sync (the
+    staleness budget closes admission earlier), so that drain is a wait the target missed by,
+    like a fit step's.
+    """
+    if est.sync_min_s <= 0 or est.standalone_share <= 0 or est.train_s <= 0:
+        return 0
+    if ctx.last_sync_s <= DRAIN_MIN_RATIO * est.sync_min_s:
+        # Export and load times vary from sync to sync: that jitter is no drain, and counting
+        # it would raise the target a little every cycle.
+        return 0
+    drain_s = ctx.last_sync_s - est.sync_min_s
+    return int(drain_s * standalone_rate(ctx, est))
