@@ -1,7 +1,7 @@
 """What the `predictive` policy learns and forecasts: :class:`Estimates`, their checkpoint form, :class:`Forecast`.
 
 The policy (``dynres.policies.predictive``) decides; this module holds the numbers it decides on,
-the rules that keep them valid when a checkpoint is loaded, and the small averaging helpers its
+the rules that keep them valid when a checkpoint is loaded, and the small helpers its
 learning step shares.
 """
 
