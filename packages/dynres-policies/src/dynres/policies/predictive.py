@@ -549,9 +549,9 @@ class PredictivePolicy(Policy):
             # that grows would overshoot into waits, which cost 1 + rho times more per sample.
             cut = self.params.wait_decrease if ctx.buffer_samples else self.params.wait_decrease_unbuffered
             step = -cut * step_required * (calm if out.misses == 0 else 1)
-        out = replace(out, misses=out.misses + (1 if missing else 0))
         bias = out.wait_bias + step
-        out = replace(out, wait_cap=self._next_wait_cap(ctx, out, step, drain), calm_cycles=calm)
+        cap = self._next_wait_cap(ctx, out, step, drain)
+        out = replace(out, wait_cap=cap, calm_cycles=calm, misses=out.misses + (1 if missing else 0))
         if ctx.global_steps > 1:  # the run's first cycle starts from an empty pipeline
             # The learned activation time, not the context's: inside verl the context's value at
             # update_after_step is the activation that opens the next window (verl counts switch
