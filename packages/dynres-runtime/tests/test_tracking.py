@@ -90,7 +90,7 @@ def _wandb_records(path: Path) -> Iterator[Any]:
         pending += data[pos + 7 : pos + 7 + length]
         pos += 7 + length
         if kind in (1, 4):
-            record = wandb_internal_pb2.Record()  # type: ignore[attr-defined]  # module picked by protobuf version at import
+            record = wandb_internal_pb2.Record()
             record.ParseFromString(pending)
             pending = b""
             yield record
