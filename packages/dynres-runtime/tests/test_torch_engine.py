@@ -161,6 +161,30 @@ def test_rollout_log_probs_and_explicit_rewards():
         eng.prepare([TrainSample(prompt, [[4, 5]], rewards=[1.0])])
 
 
+def test_rollout_logprob_gap_measures_how_far_the_rollout_is_from_the_trainer():
+    eng = _engine(lr=1e-2)
+    prompt = make_prompts(1)[0]
+    toks = [[4, 6, 8, 10], [5, 7, 9, 11]]
+    # The trainer's own log-probs of these tokens, as a rollout on the same weights would report them.
+    pb = eng.prepare([TrainSample(prompt, toks, rewards=[1.0, 0.0])])
+    own = [pb.old_log_probs[i, len(prompt) - 1 : len(prompt) - 1 + 4].tolist() for i in range(2)]
+
+    def sample(shift: float) -> TrainSample:
+        resps = [
+            GenerationResult(f"r{i}", t, [lp + shift for lp in own[i]], "length", "rep") for i, t in enumerate(toks)
+        ]
+        return TrainSample(prompt, resps, rewards=[1.0, 0.0])
+
+    assert eng.prepare([sample(0.0)]).rollout_gap == pytest.approx(0.0, abs=1e-5)
+    assert eng.prepare([sample(-0.5)]).rollout_gap == pytest.approx(0.5, abs=1e-5)
+    # After an update the rollout's log-probs (from the old weights) no longer match: staleness shows.
+    assert asyncio.run(eng.train_step([sample(0.0)])).metrics["rollout_logprob_gap"] == pytest.approx(0.0, abs=1e-5)
+    assert asyncio.run(eng.train_step([sample(0.0)])).metrics["rollout_logprob_gap"] > 1e-3
+    # Without rollout log-probs there is nothing to compare.
+    bare = asyncio.run(eng.train_step([TrainSample(prompt, toks, rewards=[1.0, 0.0])]))
+    assert "rollout_logprob_gap" not in bare.metrics
+
+
 def test_missing_reward_fn_and_empty_batch():
     eng = TorchTrainEngine(build_tiny_model(seed=0))
     with pytest.raises(BackendError, match="reward_fn"):

@@ -262,6 +262,9 @@ class PreparedBatch:
     """[B, T-1] token log-probs before the update (0 where loss_mask is 0)."""
     rewards: list[float]
     """[B] reward of each sequence, before group normalisation."""
+    rollout_gap: float | None = None
+    """Mean absolute gap between the trainer's and the rollout's log-prob of each response token
+    (nats; None when the rollout gave no log-probs or they are the old log-probs)."""
 
 
 def _tokens_of(resp: Any) -> list[int]:
@@ -455,21 +458,35 @@ class TorchTrainEngine:
         """[rows, T-1] log-probs of the response tokens under the weights that generated them:
         recomputed now, or (``recompute_old_log_prob=False``) the rollout's own."""
         torch = self.torch
-        n, width = prepared.input_ids.shape
+        rollout = self._rollout_log_probs(prepared, groups)
         if self.config.recompute_old_log_prob:
             with torch.no_grad():
-                return self._token_log_probs(prepared, range(n)).detach()
+                old = self._token_log_probs(prepared, range(prepared.input_ids.shape[0])).detach()
+            if rollout is not None:
+                # Staleness and any trainer/engine mismatch show here: a gap that grows while the
+                # reward falls points at the rollout, not at the task.
+                mask = prepared.loss_mask
+                prepared.rollout_gap = float(((old - rollout).abs() * mask).sum() / mask.sum().clamp_min(1.0))
+            return old
+        if rollout is None:
+            raise BackendError(
+                "recompute_old_log_prob=False needs rollout log-probs for every "
+                "response token; enable recompute_old_log_prob"
+            )
+        return rollout
+
+    def _rollout_log_probs(self, prepared: PreparedBatch, groups: Sequence[_Group]) -> Any | None:
+        """[rows, T-1] the rollout's log-probs of the response tokens; None unless every response has them."""
+        torch = self.torch
+        n, width = prepared.input_ids.shape
         old = torch.zeros((n, width - 1), dtype=torch.float32)
         i = 0
         for p, toks, _, resps in groups:
             for toks_r, resp in zip(toks, resps, strict=False):
                 lps = list(getattr(resp, "logprobs", ()) or ())
                 if len(lps) != len(toks_r):
-                    raise BackendError(
-                        "recompute_old_log_prob=False needs rollout log-probs for every "
-                        "response token; enable recompute_old_log_prob"
-                    )
-                old[i, len(p) - 1 : len(p) - 1 + len(toks_r)] = torch.tensor(lps)
+                    return None
+                old[i, len(p) - 1 : len(p) - 1 + len(toks_r)] = torch.tensor(lps, dtype=torch.float32)
                 i += 1
         return old.to(self.device)
 
@@ -549,6 +566,8 @@ class TorchTrainEngine:
         }
         if norms:
             metrics["grad_norm"] = norms[0]
+        if pb.rollout_gap is not None:
+            metrics["rollout_logprob_gap"] = pb.rollout_gap
         return TrainStepResult(phase_times=times, metrics=metrics)
 
     async def train_step(self, batch: Sequence[Any]) -> TrainStepResult:
