@@ -15,6 +15,10 @@
 #   learns the rule, and can lose some of it again. Checked on the last 3 of 16 cycles, 2 of 15
 #   recorded runs failed (0.478 -> 0.522, 0.527 -> 0.543). In 9 probe runs of 24 cycles the last
 #   half beat the first 3 by 0.18 to 0.46 (the last 3 by as little as 0.07); the 8 cycles cost ~10 s.
+#   At lr 0.003 the toy policy also learned and then lost the rule (one fit step moved the sampled
+#   tokens' log-probs by ~2 nats, train/rollout_logprob_gap): 2 of 9 recorded runs of 24 cycles failed
+#   (0.480 -> 0.536 in CI, 0.506 -> 0.590). At the example's lr 0.0015, 6 of 6 runs passed with the
+#   last half 0.42 to 0.51 above the first 3 cycles.
 # 2. benchmarks/fidelity_bench.py: run the same config for 24 cycles with static_fully_async, fit a
 #    scenario to its metrics, predict `default`, and compare with step 1's run, which it reads
 #    (`--reuse default`) instead of running `default` again. Fails only on breakage (the run or the
