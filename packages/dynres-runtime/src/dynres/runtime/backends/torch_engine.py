@@ -263,8 +263,7 @@ class PreparedBatch:
     rewards: list[float]
     """[B] reward of each sequence, before group normalisation."""
     rollout_gap: float | None = None
-    """Mean absolute gap between the trainer's and the rollout's log-prob of each response token
-    (nats; None when the rollout gave no log-probs or they are the old log-probs)."""
+    """Mean |trainer - rollout| log-prob per response token (nats); None without rollout log-probs."""
 
 
 def _tokens_of(resp: Any) -> list[int]:
@@ -455,39 +454,31 @@ class TorchTrainEngine:
         )
 
     def _old_log_probs(self, prepared: PreparedBatch, groups: Sequence[_Group]) -> Any:
-        """[rows, T-1] log-probs of the response tokens under the weights that generated them:
-        recomputed now, or (``recompute_old_log_prob=False``) the rollout's own."""
-        torch = self.torch
+        """[rows, T-1] response-token log-probs before the update: recomputed, or the rollout's own."""
         rollout = self._rollout_log_probs(prepared, groups)
         if self.config.recompute_old_log_prob:
-            with torch.no_grad():
+            with self.torch.no_grad():
                 old = self._token_log_probs(prepared, range(prepared.input_ids.shape[0])).detach()
             if rollout is not None:
-                # Staleness and any trainer/engine mismatch show here: a gap that grows while the
-                # reward falls points at the rollout, not at the task.
-                mask = prepared.loss_mask
-                prepared.rollout_gap = float(((old - rollout).abs() * mask).sum() / mask.sum().clamp_min(1.0))
+                # Staleness (how far the policy moved since sampling) plus any engine mismatch.
+                gap = ((old - rollout).abs() * prepared.loss_mask).sum() / prepared.loss_mask.sum().clamp_min(1.0)
+                prepared.rollout_gap = float(gap)
             return old
         if rollout is None:
-            raise BackendError(
-                "recompute_old_log_prob=False needs rollout log-probs for every "
-                "response token; enable recompute_old_log_prob"
-            )
+            msg = "recompute_old_log_prob=False needs rollout log-probs for every response token"
+            raise BackendError(msg + "; enable recompute_old_log_prob")
         return rollout
 
     def _rollout_log_probs(self, prepared: PreparedBatch, groups: Sequence[_Group]) -> Any | None:
         """[rows, T-1] the rollout's log-probs of the response tokens; None unless every response has them."""
         torch = self.torch
-        n, width = prepared.input_ids.shape
-        old = torch.zeros((n, width - 1), dtype=torch.float32)
-        i = 0
-        for p, toks, _, resps in groups:
-            for toks_r, resp in zip(toks, resps, strict=False):
-                lps = list(getattr(resp, "logprobs", ()) or ())
-                if len(lps) != len(toks_r):
-                    return None
-                old[i, len(p) - 1 : len(p) - 1 + len(toks_r)] = torch.tensor(lps, dtype=torch.float32)
-                i += 1
+        old = torch.zeros((prepared.input_ids.shape[0], prepared.input_ids.shape[1] - 1), dtype=torch.float32)
+        rows = ((p, t, r) for p, toks, _, resps in groups for t, r in zip(toks, resps, strict=False))
+        for i, (p, toks_r, resp) in enumerate(rows):
+            lps = list(getattr(resp, "logprobs", ()) or ())
+            if len(lps) != len(toks_r):
+                return None
+            old[i, len(p) - 1 : len(p) - 1 + len(toks_r)] = torch.tensor(lps, dtype=torch.float32)
         return old.to(self.device)
 
     def _token_log_probs(self, pb: PreparedBatch, rows: Sequence[int] | range) -> Any:
