@@ -267,6 +267,27 @@ def test_a_failing_train_step_is_one_line_and_the_report_keeps_a_checkpoint(tmp_
 
 
 @pytest.mark.slow
+def test_an_error_inside_the_ray_coordinator_is_its_own_one_line(tmp_path):
+    # Ray re-raises a remote DynresError as a class deriving from both RayTaskError and the
+    # error, whose text is the whole remote traceback: the user must see only dynres's line.
+    pytest.importorskip("ray")
+    data = json.loads(json.dumps(FAKE))
+    data["engines"]["runtime"] = "ray"
+    data["engines"]["trainer_options"]["fail_on"] = {"train_step": "RuntimeError"}
+    ray_tmp = tempfile.mkdtemp(prefix="dynres-ray-", dir="/tmp")
+    data["ray"]["temp_dir"] = ray_tmp
+    try:
+        res = CliRunner().invoke(main, ["run", str(_write(tmp_path, data)), "--out", str(tmp_path / "o"), "-q"])
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    assert res.exit_code == 2, res.output
+    lines = [ln for ln in res.stderr.splitlines() if ln.startswith("dynres: error:")]
+    assert len(lines) == 1 and "train_step on trainer failed" in lines[0], res.stderr
+    assert "ray::" not in lines[0] and 'File "' not in lines[0], lines[0]
+    assert json.loads((tmp_path / "o" / "report.json").read_text())["checkpoint"]["queue"]
+
+
+@pytest.mark.slow
 def test_json_dash_prints_the_report_on_stdout(tmp_path):
     out = tmp_path / "out"
     result = _invoke(str(_write(tmp_path, FAKE)), "--out", str(out), "-q", "--no-plot", "--json", "-")

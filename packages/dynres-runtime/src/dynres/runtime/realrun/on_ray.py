@@ -22,7 +22,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from dynres.core.errors import DynresError, RuntimeStateError
+from dynres.core.errors import RuntimeStateError
+from dynres.runtime.backends.ray._ray import remote_cause
 from dynres.runtime.backends.ray.factory import Factory
 from dynres.runtime.backends.ray.monitor import LoopLag, LoopLagMonitor
 from dynres.runtime.realrun.status import ENGINES, PhaseCallback, run_status
@@ -113,14 +114,6 @@ class CoordinatorActor:
         from dynres.runtime.backends.ray._ray import require_ray
 
         return require_ray().get_runtime_context().get_node_id()
-
-
-def _unwrap(exc: BaseException) -> BaseException:
-    """The DynresError inside a Ray task error (so the CLI prints its one line), else ``exc``."""
-    cause = getattr(exc, "cause", None)
-    while cause is not None and not isinstance(exc, DynresError):
-        exc, cause = cause, getattr(cause, "cause", None)
-    return exc
 
 
 async def run_on_ray(
@@ -246,7 +239,7 @@ async def _follow(
     poll_s: float,
 ) -> Any:
     """Every ``poll_s`` seconds pass new cycle reports to ``sink`` and the status to ``on_status``
-    until the run ends; return its report or raise its error (the DynresError inside, if any)."""
+    until the run ends; return its report or raise its error (the one raised remotely, not Ray's wrapper)."""
     seen = 0
     while True:
         done, _ = await asyncio.wait({run_fut}, timeout=poll_s)
@@ -259,7 +252,10 @@ async def _follow(
             try:
                 return done.pop().result()
             except Exception as exc:
-                raise _unwrap(exc) from None
+                err = remote_cause(exc)
+                if err is exc:
+                    raise
+                raise err from exc
 
 
 async def _stop(

@@ -32,6 +32,21 @@ def is_actor_lost(exc: BaseException) -> bool:
     return isinstance(exc, lost)
 
 
+def remote_cause(exc: BaseException) -> BaseException:
+    """The exception the remote method itself raised, unwrapped from Ray's task errors; else ``exc``.
+
+    Ray re-raises a remote exception as a class deriving from both ``RayTaskError`` and the
+    original class, whose text is the whole remote traceback: messages built from it (and the
+    CLI's one line) would carry that traceback. The original is Ray's ``cause``; a call through
+    several actors nests one wrapper per hop.
+    """
+    task_error = require_ray().exceptions.RayTaskError
+    inner = exc
+    while isinstance(inner, task_error) and isinstance(getattr(inner, "cause", None), BaseException):
+        inner = inner.cause
+    return exc if isinstance(inner, task_error) else inner
+
+
 LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 """Ray setting that, when "0", makes a node advertise 127.0.0.1 instead of the machine's IP."""
 

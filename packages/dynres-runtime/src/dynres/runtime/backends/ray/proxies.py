@@ -17,8 +17,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dynres.core.errors import BackendError, DynresError
-from dynres.runtime.backends.ray._ray import is_actor_lost, require_ray
+from dynres.core.errors import BackendError
+from dynres.runtime.backends.ray._ray import is_actor_lost, remote_cause, require_ray
 from dynres.runtime.backends.ray.actors import ActorInfo
 from dynres.runtime.backends.ray.monitor import LoopLag
 from dynres.runtime.protocols import (
@@ -86,10 +86,7 @@ class _ActorProxy:
             )
             err.__cause__ = exc
             return err
-        cause = getattr(exc, "cause", None)
-        if isinstance(exc, require_ray().exceptions.RayTaskError) and isinstance(cause, DynresError):
-            return cause  # keep the hosted object's own one-line message
-        return exc
+        return remote_cause(exc)  # the hosted object's own error, one line; Ray's stays its __cause__
 
     async def loop_lag(self, reset: bool = False) -> LoopLag:
         """The actor's worst event-loop gap since its last reset."""
