@@ -268,8 +268,9 @@ def test_a_failing_train_step_is_one_line_and_the_report_keeps_a_checkpoint(tmp_
 
 @pytest.mark.slow
 def test_an_error_inside_the_ray_coordinator_is_its_own_one_line(tmp_path):
-    # Ray re-raises a remote DynresError as a class deriving from both RayTaskError and the
-    # error, whose text is the whole remote traceback: the user must see only dynres's line.
+    # Ray re-raises a remote error (the trainer's, then the coordinator's BackendError) as a class
+    # deriving from both RayTaskError and the error, whose text is the whole remote traceback: the
+    # user must see only dynres's line.
     pytest.importorskip("ray")
     data = json.loads(json.dumps(FAKE))
     data["engines"]["runtime"] = "ray"
