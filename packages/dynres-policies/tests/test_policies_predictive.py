@@ -233,7 +233,12 @@ def test_one_cycle_without_hybrids_is_no_reference_yet() -> None:
     # in flight and idles least: alone it would make hybrids look useless (seed-dynamic-16-16,
     # seed 1: 173 s, later ones 190-330 s). It neither backs off nor sets rho to 0.
     losing = Estimates(
-        train_s=200.0, standalone_share=0.4, static_cycles=1, static_idle_share=1.0, hybrid_idle_share=2.0
+        train_s=200.0,
+        standalone_share=0.4,
+        static_cycles=1,
+        static_idle_share=1.0,
+        hybrid_idle_share=2.0,
+        hybrid_cycles=2,
     )
     p = PredictivePolicy({"backoff_after": 1})
     assert p._judge(make_ctx(global_steps=10), losing).backoff == 0
@@ -333,12 +338,46 @@ def test_measured_gain_follows_the_realised_saving() -> None:
     p = PredictivePolicy()
     # Static idle 200 s, hybrid idle 100 s per 100 s of training, switch 16 s: saving 100 of 184.
     est = Estimates(
-        train_s=100.0, static_cycles=2, static_idle_share=2.0, hybrid_idle_share=1.0, activate_s=10.0, deactivate_s=6.0
+        train_s=100.0,
+        static_cycles=2,
+        static_idle_share=2.0,
+        hybrid_idle_share=1.0,
+        activate_s=10.0,
+        deactivate_s=6.0,
+        hybrid_cycles=4,
     )
     r = 100.0 / 184.0
     assert p.measured_gain(est) == pytest.approx(r / (1 - r))
     assert p.measured_gain(replace(est, static_idle_share=1.0, hybrid_idle_share=1.5)) == 0.0
     assert math.isinf(p.measured_gain(Estimates()))
+
+
+def test_with_a_buffer_one_hybrid_cycle_that_idled_long_does_not_stop_the_activations() -> None:
+    # sample-1-051 (development draw), seed 2: the second hybrid cycle's target was too low, its
+    # fit steps waited 37 s after the hybrids left, and that one cycle measured rho = 0: no window
+    # for the rest of the run, 19% longer than its other two seeds.
+    p = PredictivePolicy()
+    one = Estimates(
+        train_s=100.0,
+        standalone_share=0.5,
+        static_cycles=2,
+        static_idle_share=0.3,
+        hybrid_idle_share=1.3,
+        activate_s=1.0,
+        deactivate_s=1.0,
+        hybrid_cycles=2,
+        token_gain=2.8,
+    )
+    buffered = make_ctx(staleness_threshold=1.0, global_steps=4, queue_size=10)
+    assert p.hybrid_gain(buffered, one) == pytest.approx(2.8)  # the token rate still decides
+    assert p._decide(buffered, one)
+    # As many such cycles as the back-off needs are evidence: the idle comparison then says 0.
+    many = replace(one, hybrid_cycles=p.params.backoff_after + 1)
+    assert p.hybrid_gain(buffered, many) == 0.0
+    assert not p._decide(buffered, many)
+    # Without a buffer token rates overstate rho, and the measured idle counts at once.
+    unbuffered = make_ctx(staleness_threshold=0.0, global_steps=4, queue_size=10)
+    assert p.hybrid_gain(unbuffered, one) == 0.0
 
 
 def test_state_round_trip_through_json_gives_identical_decisions() -> None:
@@ -859,7 +898,8 @@ def test_the_realised_saving_caps_what_the_token_counts_promise() -> None:
     est = Estimates(train_s=100.0, token_gain=1.0, activate_s=10.0, deactivate_s=6.0)
     ctx = make_ctx(global_steps=5)
     assert p.hybrid_gain(ctx, est) == 1.0
-    assert p.hybrid_gain(ctx, replace(est, static_cycles=2, static_idle_share=1.0, hybrid_idle_share=1.5)) == 0.0
+    measured = replace(est, static_cycles=2, static_idle_share=1.0, hybrid_idle_share=1.5, hybrid_cycles=4)
+    assert p.hybrid_gain(ctx, measured) == 0.0
     assert p.hybrid_gain(ctx, replace(est, token_gain=0.05)) == 0.0  # below min_hybrid_gain
 
 

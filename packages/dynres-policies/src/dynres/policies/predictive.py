@@ -76,7 +76,9 @@ class PredictivePolicy(Policy):
     such cycles ran; ``a + d`` before any switch was measured is ``switch_cost_fallback_s`` plus a
     weight sync. Idle is counted at equal stock (a cycle that fills the queue did part of the next
     one's work). ``rho`` starts at the replica-count ratio and is then measured: token rates bound
-    what hybrids add, idle with and without them what they realise. Engines that count no tokens
+    what hybrids add, idle with and without them what they realise (with a buffer, once more than
+    ``backoff_after`` hybrid cycles ran or a back-off started: one cycle that missed its target is
+    no evidence). Engines that count no tokens
     (inside verl, where both token fields read 0) leave only the idle comparison, so ``rho`` stays
     the prior until cycles without hybrids have run.
     ``wait_bias`` rises by ``wait_increase`` x the most samples a fit step still waited for (a sync
@@ -151,7 +153,10 @@ class PredictivePolicy(Policy):
             0.3, gt=0.0, le=1.0, description="Weight of the newest cycle in every running estimate (fraction)."
         )
         backoff_after: int = Field(
-            3, ge=1, description="Hybrid cycles in a row without a realised saving before backing off (count)."
+            3,
+            ge=1,
+            description="Hybrid cycles in a row without a realised saving before backing off; with a buffer, also "
+            "the hybrid cycles the idle comparison needs before it may measure them as adding nothing (count).",
         )
         backoff_min_cycles: int = Field(
             4,
@@ -371,10 +376,21 @@ class PredictivePolicy(Policy):
             return self.params.switch_cost_fallback_s + est.sync_s
         return est.activate_s + est.deactivate_s
 
-    def measured_gain(self, est: Estimates) -> float:
+    def measured_gain(self, est: Estimates, buffered: bool = True) -> float:
         """rho measured from cycles with and without hybrids, or infinity before hybrid cycles and the
-        static reference (``static_reference_cycles``) ran (ratio)."""
+        static reference (``static_reference_cycles``) ran (ratio).
+
+        With a buffer (``buffered``: staleness above 0), also infinity until more than
+        ``backoff_after`` hybrid cycles ran (the run's first is not in the idle share) or a back-off
+        started: evidence against the hybrids needs as many cycles as the back-off does. One cycle whose wait target
+        was too low idles after the hybrids left, for a reason the raised target removes; taken
+        alone it measured rho = 0, which stopped every later activation, so no hybrid cycle could
+        correct it. Without a buffer token rates overstate rho (:meth:`_token_gain_in_doubt`), and
+        the idle comparison counts at once.
+        """
         if not self._static_reference(est) or est.hybrid_idle_share < 0 or est.train_s <= 0:
+            return math.inf
+        if buffered and est.backoff == 0 and est.hybrid_cycles <= self.params.backoff_after:
             return math.inf
         static_idle = est.static_idle_share * est.train_s
         saving = (est.static_idle_share - est.hybrid_idle_share) * est.train_s
@@ -395,7 +411,7 @@ class PredictivePolicy(Policy):
         """
         if est.token_gain >= 0:
             tokens = est.token_gain if est.token_gain >= self.params.min_hybrid_gain else 0.0
-            return min(tokens, self.measured_gain(est))
+            return min(tokens, self.measured_gain(est, ctx.buffer_samples > 0))
         return self.production_gain(ctx, est)
 
     def production_gain(self, ctx: ScheduleContext, est: Estimates) -> float:
@@ -405,7 +421,7 @@ class PredictivePolicy(Policy):
         rho)`` set equal to the realised one, ``X`` being the measured static idle. Before that,
         the replica-count prior (a hybrid replica as productive as a standalone one).
         """
-        measured = self.measured_gain(est)
+        measured = self.measured_gain(est, ctx.buffer_samples > 0)
         if math.isfinite(measured):
             return measured
         return replica_ratio(ctx)
