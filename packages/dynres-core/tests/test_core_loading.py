@@ -194,6 +194,17 @@ def test_unknown_name_lists_installed_and_suggests(make_dist):
     assert "'dynres.policies'" in msg and "module:Class" in msg
 
 
+def test_a_name_with_bracketed_params_says_where_the_params_go(make_dist):
+    make_dist("acme-policies", modules={"acme": GOOD}, policies={"acme_ratio": "acme:AcmeRatio"})
+    with pytest.raises(PolicyNotFoundError) as info:
+        load_policy("acme_ratio[ratio=0.5; x=1]")
+    msg = str(info.value)
+    assert "name it 'acme_ratio'" in msg and "dynamic_schedule_policy_params.ratio=0.5)" in msg
+    # A bracket after a name nobody registered is an unknown policy as before.
+    with pytest.raises(PolicyNotFoundError, match="unknown policy 'nope"):
+        load_policy("nope[ratio=0.5]")
+
+
 def test_unknown_name_far_from_everything_has_no_suggestion(make_dist):
     make_dist("acme-policies", modules={"acme": GOOD}, policies={"acme_ratio": "acme:AcmeRatio"})
     with pytest.raises(PolicyNotFoundError) as info:

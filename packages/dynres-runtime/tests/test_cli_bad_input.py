@@ -461,6 +461,11 @@ CASES: list[Case] = [
     _c("sim-seed-str", "simulate --preset seed-static-8-24 --seed x", r"--seed"),
     _c("sim-policy-unknown", "simulate --preset seed-static-8-24 --policy nope", r"unknown policy 'nope'"),
     _c(
+        "sim-policy-bench-form",
+        ("simulate", "--preset", "seed-static-8-24", "--policy", "fixed_ratio[deactivate_ratio=0.5]"),
+        r"name it 'fixed_ratio'.*--set async_training\.dynamic_schedule_policy_params\.deactivate_ratio=0\.5",
+    ),
+    _c(
         "sim-policy-raises",
         "simulate --preset seed-dynamic-16-16 --policy {d}/p_py:Boom",
         r"constructor broke",

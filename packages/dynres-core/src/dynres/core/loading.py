@@ -106,6 +106,16 @@ def policy_entry(name: str) -> PolicyEntry:
                 f"policy {name!r} names a file but no class; name the class too, as "
                 f"{name}:{_classes_in(name) or 'ClassName'} (a Policy subclass defined in the file)"
             )
+        base, bracket, rest = name.partition("[")
+        if bracket and base in registry and rest.endswith("]"):
+            # NAME[KEY=VALUE] is how benchmarks/policy_bench.py names a configuration; a run
+            # config or the CLI takes the params apart from the name.
+            first = rest[:-1].split(";")[0].strip() or "KEY=VALUE"
+            raise PolicyNotFoundError(
+                f"policy {name!r} carries params in its name; name it {base!r} and set the params "
+                f"under async_training.dynamic_schedule_policy_params (dynres simulate and dynres run: "
+                f"--set async_training.dynamic_schedule_policy_params.{first})"
+            )
         raise PolicyNotFoundError(
             f"unknown policy {name!r}{did_you_mean(name, registry)}; installed policies: {names}. "
             f"Install a distribution that registers it in the {POLICIES_GROUP!r} entry-point "
