@@ -76,11 +76,9 @@ class PredictivePolicy(Policy):
     such cycles ran; ``a + d`` before any switch was measured is ``switch_cost_fallback_s`` plus a
     weight sync. Idle is counted at equal stock (a cycle that fills the queue did part of the next
     one's work). ``rho`` starts at the replica-count ratio and is then measured: token rates bound
-    what hybrids add, idle with and without them what they realise (with a buffer, once more than
-    ``backoff_after`` hybrid cycles ran or a back-off started: one cycle that missed its target is
-    no evidence). Engines that count no tokens
-    (inside verl, where both token fields read 0) leave only the idle comparison, so ``rho`` stays
-    the prior until cycles without hybrids have run.
+    what hybrids add, idle with and without them what they realise (with a buffer, after more than
+    ``backoff_after`` hybrid cycles). Engines that count no tokens (inside verl, both token fields
+    read 0) leave only the idle comparison: ``rho`` stays the prior until cycles without hybrids ran.
     ``wait_bias`` rises by ``wait_increase`` x the most samples a fit step still waited for (a sync
     that drained running samples counts) and falls by ``wait_decrease`` after a cycle that never
     waited, by ``k x`` that after the ``k``-th in a row before the run's first miss. Where hybrid
@@ -153,10 +151,7 @@ class PredictivePolicy(Policy):
             0.3, gt=0.0, le=1.0, description="Weight of the newest cycle in every running estimate (fraction)."
         )
         backoff_after: int = Field(
-            3,
-            ge=1,
-            description="Hybrid cycles in a row without a realised saving before backing off; with a buffer, also "
-            "the hybrid cycles the idle comparison needs before it may measure them as adding nothing (count).",
+            3, ge=1, description="Hybrid cycles in a row without a realised saving before backing off (count)."
         )
         backoff_min_cycles: int = Field(
             4,
@@ -378,16 +373,8 @@ class PredictivePolicy(Policy):
 
     def measured_gain(self, est: Estimates, buffered: bool = True) -> float:
         """rho measured from cycles with and without hybrids, or infinity before hybrid cycles and the
-        static reference (``static_reference_cycles``) ran (ratio).
-
-        With a buffer (``buffered``: staleness above 0), also infinity until more than
-        ``backoff_after`` hybrid cycles ran (the run's first is not in the idle share) or a back-off
-        started: evidence against the hybrids needs as many cycles as the back-off does. One cycle whose wait target
-        was too low idles after the hybrids left, for a reason the raised target removes; taken
-        alone it measured rho = 0, which stopped every later activation, so no hybrid cycle could
-        correct it. Without a buffer token rates overstate rho (:meth:`_token_gain_in_doubt`), and
-        the idle comparison counts at once.
-        """
+        static reference (``static_reference_cycles``) ran; with a buffer (``buffered``), also until
+        more than ``backoff_after`` hybrid cycles ran or a back-off started (ratio; docs, M23)."""
         if not self._static_reference(est) or est.hybrid_idle_share < 0 or est.train_s <= 0:
             return math.inf
         if buffered and est.backoff == 0 and est.hybrid_cycles <= self.params.backoff_after:
