@@ -18,13 +18,17 @@ def _check(preset: str, policy: str, **overrides: object) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("preset", preset_names())
-def test_short_runs_of_every_preset_stay_above_the_tight_bound(preset: str) -> None:
+@pytest.mark.parametrize("policy", ["fixed_ratio", "static_fully_async"])
+def test_short_runs_of_every_preset_stay_above_the_tight_bound(preset: str, policy: str) -> None:
     # fixed_ratio switches every cycle: the runs closest to the bound's hybrid alternative.
-    _check(preset, "fixed_ratio", steps=3)
+    _check(preset, policy, steps=3)
 
 
+# Full length only for the two policies that learn from past cycles (their decisions late in a run
+# differ from the early ones); fixed_ratio and static_fully_async decide every cycle alike, so the
+# short runs above cover them, and a full run of each cost CI about 4 minutes of worker time.
 @pytest.mark.slow
 @pytest.mark.parametrize("preset", preset_names())
-@pytest.mark.parametrize("policy", ["default", "static_fully_async", "fixed_ratio", "predictive"])
+@pytest.mark.parametrize("policy", ["default", "predictive"])
 def test_full_runs_of_every_preset_stay_above_the_tight_bound(preset: str, policy: str) -> None:
     _check(preset, policy)
