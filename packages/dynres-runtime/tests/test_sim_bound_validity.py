@@ -24,9 +24,9 @@ def test_short_runs_of_every_preset_stay_above_the_tight_bound(preset: str, poli
     _check(preset, policy, steps=3)
 
 
-# Full length only for the two policies that learn from past cycles (their decisions late in a run
-# differ from the early ones); fixed_ratio and static_fully_async decide every cycle alike, so the
-# short runs above cover them, and a full run of each cost CI about 4 minutes of worker time.
+# Full length only for the two policies that learn from past cycles (a late cycle's rule differs
+# from an early one's); fixed_ratio and static_fully_async keep no memory, so the short runs above
+# exercise their rule, and these full runs still exercise the runtime's state over a long run.
 @pytest.mark.slow
 @pytest.mark.parametrize("preset", preset_names())
 @pytest.mark.parametrize("policy", ["default", "predictive"])
