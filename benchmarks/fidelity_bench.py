@@ -6,8 +6,8 @@
 
 ``--reuse`` runs nothing: it reads the runs a previous call left in DIR and predicts again.
 ``--reuse default`` reads only the named policies' runs (``DIR/rep<k>/<policy>``, left by a
-previous call or by ``dynres run --out``) and runs the others: CI measures ``default`` by the tiny
-run it checks anyway, one engine start-up fewer.
+previous call or by ``dynres run --out``) and runs the others: a ``default`` run made for another
+purpose saves one engine start-up.
 
 1. Runs the config for real with ``static_fully_async`` (benchmarks/tiny_grpo_bench.run_one),
    ``--repeats`` times. Each run measures one idle switch before its first cycle (the switch

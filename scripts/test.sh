@@ -10,7 +10,7 @@ secs() { echo "$(( $(date +%s) - $1 )) s"; }
 # venvs: they wait on pip and the disk more than on the cores and judge no timing, so they run
 # side by side, beside lint (mypy holds one core); each one's output is kept and printed whole,
 # in name order, once all are done. A failed one fails the run after lint. The real-engine checks
-# run one at a time after pytest, on quiet cores: chaos and fidelity judge timings, and the tiny
+# run one at a time after pytest, on quiet cores: chaos judges timings, and the tiny
 # run beside lint (one try) took 364 s where it takes about 190 s alone, and its model unlearned
 # (reward 0.52 over the first 3 cycles, 0.49 over the last 12).
 side_checks=() quiet_checks=()
