@@ -7,7 +7,7 @@
 # once over both segments (0 lost, 0 duplicated), cycles and weight_version continuing, the
 # trainer's optimizer state and reward picking up where the checkpoint left it. Node loss is
 # test_ray_multinode.py (pytest).
-# Two engine start-ups dominate its time: about 3 minutes on 2 idle cores (more when they are busy).
+# Two engine start-ups dominate its time: 3-9 minutes on 2 idle cores in CI (more when they are busy).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0
